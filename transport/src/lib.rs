@@ -1,0 +1,24 @@
+//! nvmf-transport: the RDMA floor every layer above stands on.
+//!
+//! Owns one provider-neutral verbs API (devices, ports, GIDs, PD, MR, CQ + completion channel,
+//! SRQ, RC QP, async events) and an rdma_cm-style connection manager, implemented by two
+//! providers:
+//! - `verbs` (feature `rdma`): real ibverbs + librdmacm through rdma-sys; the only place with FFI;
+//! - `soft` (feature `soft`): a software RDMA device with the same semantics over an in-process
+//!   fabric and over TCP, with fault injection.
+//!
+//! `provider` states the contract; `device` and `cm` are the public enum façade over providers.
+//! The poll group (per reactor and device: CQ, SRQ, receive slots, qpair RB-tree) will live here
+//! too.
+
+pub mod error;
+pub mod provider;
+pub mod types;
+
+#[cfg(feature = "soft")]
+pub mod soft;
+#[cfg(feature = "rdma")]
+pub mod verbs;
+
+pub use error::{PostError, Result, TransportError};
+pub use types::*;

@@ -1,0 +1,200 @@
+//! The contract every RDMA provider (verbs, soft) implements.
+//!
+//! Providers implement these traits on their own types; the crate's public API (`device`, `cm`)
+//! is an enum over providers that dispatches to them, so the fast path pays a predictable
+//! branch, never a virtual call, and layers above are not generic.
+//!
+//! Semantics are those of ibverbs / librdmacm; where a provider cannot honour one it says so
+//! with `TransportError::Unsupported`, never silently.
+//!
+//! Ownership and drop order: handles that others depend on (context, PD, CQ, SRQ, completion
+//! channel, CM id) are cheap clones of a shared inner object, and a dependent object keeps
+//! clones of what it was created from. So a QP is destroyed before its CQs, SRQ and PD; an MR
+//! before its PD; a CM id after its QP, whatever order the caller drops them in.
+//!
+//! Threading: `Context`, `Pd`, `Cq`, `Srq`, `CompChannel` and `CmChannel` are `Send + Sync`.
+//! `Qp`, `Mr` and `CmId` are `Send` and used through `&mut self` where they change state, so
+//! only their owner (one reactor) can post or transition them.
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+
+use crate::error::{PostError, Result};
+use crate::types::*;
+
+/// A provider: lists and opens devices, creates CM channels.
+pub trait Provider: Sized + 'static {
+    type Context: ContextOps<Self>;
+    type Pd: PdOps<Self>;
+    type Mr: MrOps;
+    type CompChannel: CompChannelOps;
+    type Cq: CqOps;
+    type Srq: SrqOps;
+    type Qp: QpOps;
+    type CmChannel: CmChannelOps<Self>;
+    type CmId: CmIdOps<Self>;
+
+    const KIND: ProviderKind;
+
+    /// The devices this provider can open.
+    fn devices() -> Result<Vec<DeviceInfo>>;
+    /// A connection-manager event channel for this provider.
+    fn create_cm_channel() -> Result<Self::CmChannel>;
+}
+
+/// An opened device.
+pub trait ContextOps<P: Provider>: Clone + Send + Sync {
+    fn name(&self) -> &str;
+    fn query_device(&self) -> Result<DeviceAttr>;
+    fn query_port(&self, port: u8) -> Result<PortAttr>;
+    /// The populated entries of a port's GID table (zero GIDs skipped).
+    fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>>;
+    fn alloc_pd(&self) -> Result<P::Pd>;
+    fn create_comp_channel(&self) -> Result<P::CompChannel>;
+    /// A CQ of at least `depth` entries, optionally signalling `channel` when armed.
+    fn create_cq(&self, depth: u32, channel: Option<&P::CompChannel>) -> Result<P::Cq>;
+    /// Non-blocking: the next async event, already acknowledged.
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>>;
+    /// Readable when an async event is pending (for epoll / idle sleep).
+    fn async_fd(&self) -> RawFd;
+}
+
+/// A protection domain.
+pub trait PdOps<P: Provider>: Clone + Send + Sync {
+    /// Allocate `len` bytes of page-aligned, zeroed memory and register it.
+    fn alloc_mr(&self, len: usize, access: Access) -> Result<P::Mr>;
+    /// Register caller memory. The region keeps the buffer alive until it is deregistered
+    /// (dropped), so the device can never write to freed memory.
+    fn reg_mr(&self, buf: Box<[u8]>, access: Access) -> Result<P::Mr>;
+    fn create_srq(&self, init: &SrqInit) -> Result<P::Srq>;
+    fn create_qp(&self, init: &QpInit<'_, P>) -> Result<P::Qp>;
+}
+
+/// What a QP is created with.
+pub struct QpInit<'a, P: Provider> {
+    pub send_cq: &'a P::Cq,
+    pub recv_cq: &'a P::Cq,
+    /// Receives come from this SRQ instead of a per-QP receive queue.
+    pub srq: Option<&'a P::Srq>,
+    pub caps: QpCaps,
+    /// Every send is signaled, whatever its flags say.
+    pub sq_sig_all: bool,
+}
+
+/// A registered memory region. The device (or a remote peer, through the rkey) may write to it
+/// at any time it is allowed to: the slices are a view of DMA-able memory, as with verbs.
+pub trait MrOps: Send {
+    fn addr(&self) -> u64;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn lkey(&self) -> u32;
+    fn rkey(&self) -> u32;
+    fn access(&self) -> Access;
+    fn as_slice(&self) -> &[u8];
+    fn as_mut_slice(&mut self) -> &mut [u8];
+    /// An SGE covering `offset..offset + len` of this region. Panics if out of bounds: a
+    /// programming error, never input from the network.
+    fn sge(&self, offset: usize, len: u32) -> Sge {
+        assert!(offset + len as usize <= self.len(), "sge out of MR bounds");
+        Sge { addr: self.addr() + offset as u64, length: len, lkey: self.lkey() }
+    }
+}
+
+/// A completion channel: one fd that becomes readable when any armed CQ attached to it gets a
+/// completion.
+pub trait CompChannelOps: Clone + Send + Sync {
+    fn fd(&self) -> RawFd;
+    /// Non-blocking: the id of a CQ that fired (acknowledged), or None.
+    fn get_event(&self) -> Result<Option<u32>>;
+}
+
+/// A completion queue.
+pub trait CqOps: Clone + Send + Sync {
+    /// Unique per device; names the CQ in async events and channel events.
+    fn id(&self) -> u32;
+    fn depth(&self) -> u32;
+    /// Reap up to `out.len()` completions; returns how many were written.
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
+    /// Arm the CQ: the next completion signals its completion channel.
+    fn req_notify(&self, solicited_only: bool) -> Result<()>;
+}
+
+/// A shared receive queue.
+pub trait SrqOps: Clone + Send + Sync {
+    fn id(&self) -> u32;
+    fn max_wr(&self) -> u32;
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError>;
+    /// Re-arm SRQ_LIMIT_REACHED at `limit` outstanding receives.
+    fn set_limit(&self, limit: u32) -> Result<()>;
+}
+
+/// A reliable-connected queue pair.
+pub trait QpOps: Send {
+    /// 24-bit QP number, unique on its device while the QP exists.
+    fn qp_num(&self) -> u32;
+    fn state(&self) -> QpState;
+    /// What the provider granted (may exceed what was asked for).
+    fn caps(&self) -> QpCaps;
+    /// This side's endpoint for an out-of-band exchange (pingpong), with the GID at `gid_index`.
+    fn endpoint(&self, port: u8, gid_index: u8, psn: u32) -> Result<QpEndpoint>;
+    /// RESET -> INIT with the access the remote side is granted on this QP.
+    fn modify_to_init(&mut self, port: u8, access: Access) -> Result<()>;
+    fn modify_to_rtr(&mut self, attr: &RtrAttr) -> Result<()>;
+    fn modify_to_rts(&mut self, attr: &RtsAttr) -> Result<()>;
+    /// Any state -> ERR: every outstanding work request completes with WR_FLUSH_ERR.
+    fn modify_to_err(&mut self) -> Result<()>;
+    fn modify_to_reset(&mut self) -> Result<()>;
+    /// Post a list; on failure, the WRs before `failed_index` were posted, none after.
+    fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError>;
+    /// Post to the QP's own receive queue (an SRQ-attached QP refuses).
+    fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError>;
+}
+
+/// A connection-manager event channel (rdma_event_channel): a pollable fd and a queue of
+/// events for the ids created on it.
+pub trait CmChannelOps<P: Provider>: Clone + Send + Sync {
+    fn fd(&self) -> RawFd;
+    /// Non-blocking: the next event (already acknowledged), or None.
+    fn poll_event(&self) -> Result<Option<CmEvent<P>>>;
+    /// A listening id bound to `addr` (port 0 = pick one).
+    fn listen(&self, addr: SocketAddr, backlog: u32, token: u64) -> Result<P::CmId>;
+    /// An id with its address and route to `dst` resolved (blocking up to `timeout`): it knows
+    /// its device, so the caller can build the PD/CQ/QP on `context()` before `connect`.
+    fn resolve(
+        &self,
+        dst: SocketAddr,
+        src: Option<SocketAddr>,
+        timeout: std::time::Duration,
+        token: u64,
+    ) -> Result<P::CmId>;
+}
+
+/// A CM event. `token` is the one given to the id the event is for (for CONNECT_REQUEST: the
+/// listener's); `id` is the new connection's id, on CONNECT_REQUEST only.
+pub struct CmEvent<P: Provider> {
+    pub token: u64,
+    pub kind: CmEventKind,
+    pub id: Option<P::CmId>,
+}
+
+/// A connection-manager id (rdma_cm_id).
+pub trait CmIdOps<P: Provider>: Send {
+    fn token(&self) -> u64;
+    fn set_token(&mut self, token: u64);
+    /// The device this id is bound to (after listen-bind, resolve, or on a connect request).
+    fn context(&self) -> Result<P::Context>;
+    fn port_num(&self) -> u8;
+    fn local_addr(&self) -> Option<SocketAddr>;
+    fn peer_addr(&self) -> Option<SocketAddr>;
+    /// Create this connection's QP; the CM drives its INIT/RTR/RTS transitions.
+    fn create_qp(&mut self, pd: &P::Pd, init: &QpInit<'_, P>) -> Result<P::Qp>;
+    /// Start connecting (after resolve + create_qp): ESTABLISHED or REJECTED / UNREACHABLE
+    /// follow on the channel.
+    fn connect(&mut self, param: &ConnParam) -> Result<()>;
+    fn accept(&mut self, param: &ConnParam) -> Result<()>;
+    fn reject(&mut self, private_data: &[u8]) -> Result<()>;
+    /// Move the QP to ERR and tell the peer; DISCONNECTED follows on both sides.
+    fn disconnect(&mut self) -> Result<()>;
+}

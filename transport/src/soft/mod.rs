@@ -1,0 +1,1 @@
+//! The software RDMA device (to be written).

@@ -1,0 +1,1 @@
+//! The verbs provider (to be written).
