@@ -1,0 +1,193 @@
+//! Idle mode: an idle reactor sleeps instead of spinning; messages and readable fds wake it;
+//! a poller that finds work while arming keeps it awake; busy pollers never let it sleep.
+
+mod common;
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{Counting, SocketPoller, cfg, wait_for};
+use nvmf_poller::{Arm, PollStatus, Poller, ReactorCtx, Runtime, WakeFds};
+
+#[test]
+fn idle_reactor_sleeps_instead_of_spinning() {
+    let rt = Runtime::start(cfg(&[0])).expect("start");
+    let h = &rt.reactors()[0];
+    let (a, polled) = Counting::new(false);
+    let (b, _) = Counting::new(false);
+    h.send(move |r| {
+        r.add_poller(Box::new(a));
+        r.add_poller(Box::new(b));
+    })
+    .expect("send");
+    assert!(wait_for(|| h.is_sleeping()), "never went to sleep");
+    let before = h.stats();
+    let p0 = polled.load(Relaxed);
+    thread::sleep(Duration::from_millis(300));
+    let after = h.stats();
+    assert!(after.sleeping, "{after:?}");
+    assert!(after.sleeps >= 1);
+    // Spinning would be millions of iterations in 300 ms; asleep it is (nearly) none.
+    assert!(
+        after.polls - before.polls < 1_000,
+        "{before:?} -> {after:?}"
+    );
+    assert!(polled.load(Relaxed) - p0 < 1_000);
+    assert!(after.idle_polls <= after.polls);
+    rt.stop().expect("stop");
+}
+
+#[test]
+fn reactor_without_idle_mode_keeps_polling() {
+    let rt = Runtime::start(cfg(&[1]).idle_after(Duration::MAX)).expect("start");
+    let h = &rt.reactors()[0];
+    let (a, polled) = Counting::new(false);
+    h.send(move |r| {
+        r.add_poller(Box::new(a));
+    })
+    .expect("send");
+    thread::sleep(Duration::from_millis(100));
+    let before = h.stats();
+    thread::sleep(Duration::from_millis(200));
+    let after = h.stats();
+    assert_eq!(after.sleeps, 0);
+    assert!(
+        after.polls - before.polls > 1_000,
+        "{before:?} -> {after:?}"
+    );
+    assert!(polled.load(Relaxed) > 1_000);
+    // Nothing did work: every iteration but the message's was idle, none counted busy time
+    // beyond that one.
+    assert!(after.idle_polls + 1 >= after.polls);
+    rt.stop().expect("stop");
+}
+
+#[test]
+fn busy_pollers_keep_the_reactor_awake() {
+    let rt = Runtime::start(cfg(&[1])).expect("start");
+    let h = &rt.reactors()[0];
+    let (a, _) = Counting::new(true);
+    // (With no poller yet the reactor may already have slept once; count from here.)
+    h.call(move |r| {
+        r.add_poller(Box::new(a));
+    })
+    .expect("call");
+    let before = h.stats();
+    thread::sleep(Duration::from_millis(200));
+    let after = h.stats();
+    assert_eq!(after.sleeps, before.sleeps, "{before:?} -> {after:?}");
+    assert_eq!(
+        after.idle_polls, before.idle_polls,
+        "{before:?} -> {after:?}"
+    );
+    assert!(
+        after.busy - before.busy > Duration::from_millis(50),
+        "{after:?}"
+    );
+    assert!(
+        after.polls - before.polls > 1_000,
+        "{before:?} -> {after:?}"
+    );
+    rt.stop().expect("stop");
+}
+
+#[test]
+fn a_message_wakes_a_sleeping_reactor_promptly() {
+    let rt = Runtime::start(cfg(&[0])).expect("start");
+    let h = &rt.reactors()[0];
+    for _ in 0..5 {
+        assert!(wait_for(|| h.is_sleeping()));
+        let before = h.stats();
+        let t0 = Instant::now();
+        h.call(|_| ()).expect("call");
+        let took = t0.elapsed();
+        assert!(took < Duration::from_millis(500), "wake-up took {took:?}");
+        assert!(h.stats().wakeups > before.wakeups);
+    }
+    rt.stop().expect("stop");
+}
+
+#[test]
+fn a_readable_fd_wakes_a_sleeping_reactor() {
+    let rt = Runtime::start(cfg(&[1])).expect("start");
+    let h = &rt.reactors()[0];
+    let (p, mut peer, received) = SocketPoller::pair();
+    h.send(move |r| {
+        r.add_poller(Box::new(p));
+    })
+    .expect("send");
+    for round in 1..=5u64 {
+        assert!(wait_for(|| h.is_sleeping()), "round {round}: never slept");
+        let before = h.stats();
+        let t0 = Instant::now();
+        peer.write_all(b"x").expect("write");
+        assert!(wait_for(|| received.load(Relaxed) == round));
+        let took = t0.elapsed();
+        assert!(took < Duration::from_millis(500), "round {round}: {took:?}");
+        let after = h.stats();
+        assert!(after.wakeups > before.wakeups, "{before:?} -> {after:?}");
+        assert_eq!(after.messages, before.messages, "woken by a message?");
+    }
+    rt.stop().expect("stop");
+}
+
+/// Work that lands between the last poll and arming (the req_notify race): the poller's
+/// post-arm re-check finds it and answers `WorkPending`, so the reactor must not sleep (it has
+/// no fd that would ever fire for this work) and must poll the work at once.
+struct Racy {
+    pending: Arc<AtomicU64>,
+    done: Arc<AtomicU64>,
+    arms: u64,
+}
+
+impl Poller for Racy {
+    fn poll(&mut self, _ctx: &mut ReactorCtx) -> PollStatus {
+        let n = self.pending.swap(0, Relaxed);
+        self.done.fetch_add(n, Relaxed);
+        PollStatus::from_count(n as usize)
+    }
+
+    fn arm(&mut self, _fds: &mut WakeFds) -> Arm {
+        self.arms += 1;
+        if self.arms == 1 {
+            // The "completion" arrives just as we arm.
+            self.pending.fetch_add(1, Relaxed);
+        }
+        // Re-poll after arming.
+        if self.pending.load(Relaxed) > 0 {
+            Arm::WorkPending
+        } else {
+            Arm::Armed
+        }
+    }
+}
+
+#[test]
+fn work_found_while_arming_keeps_the_reactor_awake() {
+    let rt = Runtime::start(cfg(&[0])).expect("start");
+    let h = &rt.reactors()[0];
+    let pending = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let p = Racy {
+        pending: Arc::clone(&pending),
+        done: Arc::clone(&done),
+        arms: 0,
+    };
+    h.send(move |r| {
+        r.add_poller(Box::new(p));
+    })
+    .expect("send");
+    // Without the WorkPending answer the reactor would sleep forever with this work unseen.
+    assert!(
+        wait_for(|| done.load(Relaxed) == 1),
+        "raced work never polled"
+    );
+    assert!(wait_for(|| h.is_sleeping()), "never slept after the race");
+    let s = h.stats();
+    assert!(s.sleep_aborts >= 1, "{s:?}");
+    assert!(s.sleeps >= 1, "{s:?}");
+    rt.stop().expect("stop");
+}
