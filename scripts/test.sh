@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every test of nvmf-rs: formatting, clippy, and the whole workspace's tests (unit,
+# conformance on the soft provider's in-process and TCP fabrics, end-to-end). Calls setup.sh
+# first, so this is the only command a fresh Debian machine needs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+[ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+
+step() { printf '\n== %s ==\n' "$*"; }
+t0=$(date +%s)
+step "cargo fmt --check"
+cargo fmt --all -- --check
+step "cargo clippy --all-targets -D warnings"
+cargo clippy --workspace --all-targets -q -- -D warnings
+step "cargo test --workspace"
+mkdir -p build
+cargo test --workspace 2>&1 | tee build/test-output.log
+# A plain closing line that counts every test binary's results together.
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, i }' build/test-output.log
+printf 'total time: %ss\n' "$(( $(date +%s) - t0 ))"
