@@ -26,7 +26,11 @@ pub enum TransportError {
     Mismatch(&'static str),
     /// A device limit (max_qp, max_qp_wr, max_cqe, ...) would be exceeded.
     #[error("{what} limit exceeded: asked {asked}, device max {max}")]
-    Limit { what: &'static str, asked: u64, max: u64 },
+    Limit {
+        what: &'static str,
+        asked: u64,
+        max: u64,
+    },
     /// A work queue has no room for the posted work request.
     #[error("{0} queue full")]
     QueueFull(&'static str),
@@ -37,7 +41,10 @@ pub enum TransportError {
     LocalProtection { lkey: u32, addr: u64, len: u32 },
     /// No GID on the device matches the address: the classic wrong-GID-index mistake.
     #[error("{}", no_gid_message(*.ip, .candidates))]
-    NoGidForAddress { ip: std::net::IpAddr, candidates: Vec<GidEntry> },
+    NoGidForAddress {
+        ip: std::net::IpAddr,
+        candidates: Vec<GidEntry>,
+    },
     #[error("no RDMA device serves address {0}")]
     AddressNotServed(SocketAddr),
     #[error("{0} timed out")]
@@ -51,11 +58,17 @@ pub enum TransportError {
 impl TransportError {
     /// The error for a failed libc-style call: errno taken from the OS.
     pub fn last_os(op: &'static str) -> Self {
-        TransportError::Os { op, source: std::io::Error::last_os_error() }
+        TransportError::Os {
+            op,
+            source: std::io::Error::last_os_error(),
+        }
     }
     /// The error for a call that returns the errno itself (ibv_post_send, ibv_modify_qp, ...).
     pub fn from_errno(op: &'static str, errno: i32) -> Self {
-        TransportError::Os { op, source: std::io::Error::from_raw_os_error(errno) }
+        TransportError::Os {
+            op,
+            source: std::io::Error::from_raw_os_error(errno),
+        }
     }
 }
 
@@ -65,7 +78,10 @@ fn no_gid_message(ip: std::net::IpAddr, candidates: &[GidEntry]) -> String {
         s.push_str(" nothing");
     }
     for e in candidates {
-        s.push_str(&format!("\n  index {}: {} ({:?}", e.index, e.gid, e.gid_type));
+        s.push_str(&format!(
+            "\n  index {}: {} ({:?}",
+            e.index, e.gid, e.gid_type
+        ));
         if let Some(v4) = e.gid.to_ipv4() {
             s.push_str(&format!(", {v4}"));
         }

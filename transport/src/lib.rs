@@ -7,11 +7,15 @@
 //! - `soft` (feature `soft`): a software RDMA device with the same semantics over an in-process
 //!   fabric and over TCP, with fault injection.
 //!
-//! `provider` states the contract; `device` and `cm` are the public enum façade over providers.
-//! The poll group (per reactor and device: CQ, SRQ, receive slots, qpair RB-tree) will live here
-//! too.
+//! `provider` states the contract; `device` and `cm` are the public enum façade over providers;
+//! `pollgroup` is the per-reactor, per-device CQ + SRQ + qpair RB-tree that the target drives.
 
+pub mod cm;
+pub mod device;
 pub mod error;
+pub mod fdwait;
+pub mod gid;
+pub mod pollgroup;
 pub mod provider;
 pub mod types;
 
@@ -20,5 +24,7 @@ pub mod soft;
 #[cfg(feature = "rdma")]
 pub mod verbs;
 
+pub use cm::{CmChannel, CmEvent, CmId};
+pub use device::{CompChannel, Context, Cq, DeviceSpec, Mr, Pd, Qp, QpInitAttr, Srq, devices};
 pub use error::{PostError, Result, TransportError};
 pub use types::*;

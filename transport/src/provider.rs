@@ -98,7 +98,11 @@ pub trait MrOps: Send {
     /// programming error, never input from the network.
     fn sge(&self, offset: usize, len: u32) -> Sge {
         assert!(offset + len as usize <= self.len(), "sge out of MR bounds");
-        Sge { addr: self.addr() + offset as u64, length: len, lkey: self.lkey() }
+        Sge {
+            addr: self.addr() + offset as u64,
+            length: len,
+            lkey: self.lkey(),
+        }
     }
 }
 
@@ -119,6 +123,12 @@ pub trait CqOps: Clone + Send + Sync {
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize>;
     /// Arm the CQ: the next completion signals its completion channel.
     fn req_notify(&self, solicited_only: bool) -> Result<()>;
+    /// An fd that becomes readable when polling this CQ may make progress, for providers whose
+    /// completions are produced by polling (the soft TCP fabric: the CQ's epoll over its QPs'
+    /// sockets). A sleeper must watch it beside the completion channel. None for hardware.
+    fn progress_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
 
 /// A shared receive queue.

@@ -271,12 +271,26 @@ bitflags::bitflags! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SendOp {
     Send,
-    SendWithImm { imm: u32 },
+    SendWithImm {
+        imm: u32,
+    },
     /// SEND that invalidates `rkey` at the responder (NVMe-oF: the host's keyed-SGL key).
-    SendWithInv { rkey: u32 },
-    RdmaWrite { remote_addr: u64, rkey: u32 },
-    RdmaWriteWithImm { remote_addr: u64, rkey: u32, imm: u32 },
-    RdmaRead { remote_addr: u64, rkey: u32 },
+    SendWithInv {
+        rkey: u32,
+    },
+    RdmaWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    RdmaWriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    RdmaRead {
+        remote_addr: u64,
+        rkey: u32,
+    },
 }
 
 /// A send work request. Borrowed SGEs: posting never allocates.

@@ -1,0 +1,222 @@
+//! Poll-group micro-benchmark on the soft in-process fabric (the stack's own cost, no wire):
+//! - lookup: ns per qp_num -> qpair lookup in the RB-tree, random keys;
+//! - poll: ns per completion of the whole poll loop (reap, look up, hand up, re-post the
+//!   receive as part of a list), capsules spread round-robin over every qpair so consecutive
+//!   completions hit different tree nodes;
+//! - echo: the same plus a 16-byte response SEND per capsule and its completion.
+//!
+//! with 1, 100 and 10,000 qpairs in the tree. Run: `cargo bench -p nvmf-transport --bench pollgroup`
+//! (`-- --quick` for a short run). Figures, not assertions.
+
+use std::time::{Duration, Instant};
+
+use nvmf_transport::pollgroup::*;
+use nvmf_transport::*;
+
+struct Sink {
+    respond: bool,
+}
+
+impl Handler<()> for Sink {
+    fn capsule(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
+        pg.release_capsule(req);
+        if !self.respond {
+            pg.finish(req);
+            return;
+        }
+        let _ = pg.alloc_buffers(req, 16);
+        let mut sges = [Sge::default(); MAX_WR_SGES];
+        let n = pg.buffer_sges(req, 16, &mut sges);
+        let wr = ChainWr {
+            kind: WrKind::Send,
+            op: SendOp::Send,
+            sges: &sges[..n],
+            inline: true,
+        };
+        if pg.post_chain(req, &[wr], true).is_err() {
+            pg.finish(req);
+        }
+    }
+    fn chain_done(&mut self, pg: &mut PollGroup<()>, req: ReqId, _: WrKind, _: WcStatus) {
+        pg.finish(req);
+    }
+    fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
+}
+
+struct Bench {
+    pg: PollGroup<()>,
+    hosts: Vec<Qp>,
+    host_cq: Cq,
+    host_mr: Mr,
+    pg_qpns: Vec<u32>,
+}
+
+fn setup(n: usize, dev: u32) -> Bench {
+    let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+        name: format!("bench{dev}"),
+        fabric: SoftFabric::InProcess,
+        ..SoftConfig::default()
+    }))
+    .expect("soft device");
+    let cfg = PollGroupConfig {
+        srq_depth: 4096,
+        max_qpairs: n as u32 + 1,
+        max_queue_depth: 128,
+        in_capsule_data_size: 0,
+        io_unit_size: 4096,
+        data_buffers: 4096,
+        max_requests: 4096,
+        batch: 32,
+        ..PollGroupConfig::default()
+    };
+    let mut pg = PollGroup::<()>::new(&ctx, cfg).expect("poll group");
+    let pd = ctx.alloc_pd().unwrap();
+    let host_cq = ctx.create_cq(1 << 16, None).unwrap();
+    let host_mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let gid_index = ctx.gid_index_for(1, "127.0.0.1".parse().unwrap()).unwrap() as u8;
+    let mut hosts = Vec::with_capacity(n);
+    let mut pg_qpns = Vec::with_capacity(n);
+    let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    for _ in 0..n {
+        let mut h = pd
+            .create_qp(&QpInitAttr {
+                send_cq: &host_cq,
+                recv_cq: &host_cq,
+                srq: None,
+                caps: QpCaps {
+                    max_send_wr: 256,
+                    max_recv_wr: 256,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 64,
+                },
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let mut t = pg.create_qp().unwrap();
+        h.modify_to_init(1, access).unwrap();
+        t.modify_to_init(1, access).unwrap();
+        let eh = h.endpoint(1, gid_index, 0).unwrap();
+        let et = t.endpoint(1, gid_index, 0).unwrap();
+        for (qp, remote) in [(&mut h, et), (&mut t, eh)] {
+            qp.modify_to_rtr(&RtrAttr {
+                remote,
+                port_num: 1,
+                sgid_index: gid_index,
+                path_mtu: Mtu::Mtu4096,
+                max_dest_rd_atomic: 16,
+                min_rnr_timer: 1,
+            })
+            .unwrap();
+            qp.modify_to_rts(&RtsAttr {
+                sq_psn: 0,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 16,
+            })
+            .unwrap();
+        }
+        pg_qpns.push(pg.add_qp(t, 128, 0).unwrap());
+        hosts.push(h);
+    }
+    Bench {
+        pg,
+        hosts,
+        host_cq,
+        host_mr,
+        pg_qpns,
+    }
+}
+
+/// A cheap deterministic shuffle (xorshift), so keys are visited in no useful order.
+fn shuffled(keys: &[u32]) -> Vec<u32> {
+    let mut v = keys.to_vec();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+fn lookup_ns(b: &Bench, rounds: usize) -> f64 {
+    let keys = shuffled(&b.pg_qpns);
+    let probes: Vec<u32> = keys
+        .iter()
+        .cycle()
+        .take(rounds.max(keys.len()))
+        .copied()
+        .collect();
+    let t = Instant::now();
+    let mut found = 0usize;
+    for &k in &probes {
+        found += b.pg.qpair_phase(std::hint::black_box(k)).is_some() as usize;
+    }
+    let ns = t.elapsed().as_nanos() as f64 / probes.len() as f64;
+    assert_eq!(found, probes.len());
+    ns
+}
+
+/// Returns ns of pg.poll time per completion handled.
+fn poll_ns(b: &mut Bench, total: usize, respond: bool) -> f64 {
+    let mut h = Sink { respond };
+    let order = shuffled(&(0..b.hosts.len() as u32).collect::<Vec<_>>());
+    let sge = b.host_mr.sge(0, 64);
+    let mut wc = [WorkCompletion::default(); 64];
+    let mut in_poll = Duration::ZERO;
+    let mut handled = 0usize;
+    let mut sent = 0usize;
+    let chunk = 512.min(total);
+    while sent < total {
+        for k in 0..chunk {
+            let i = order[(sent + k) % order.len()] as usize;
+            let flags = if (sent + k) % 64 == 63 {
+                SendFlags::SIGNALED | SendFlags::INLINE
+            } else {
+                SendFlags::INLINE
+            };
+            b.hosts[i]
+                .post_send(&[SendWr {
+                    wr_id: i as u64,
+                    op: SendOp::Send,
+                    sges: &[sge],
+                    flags,
+                }])
+                .unwrap();
+        }
+        sent += chunk;
+        let want = b.pg.stats().capsules as usize + chunk;
+        let t = Instant::now();
+        while (b.pg.stats().capsules as usize) < want || b.pg.requests_in_use() > 0 {
+            handled += b.pg.poll(&mut h).unwrap();
+        }
+        in_poll += t.elapsed();
+        while b.host_cq.poll(&mut wc).unwrap() > 0 {}
+    }
+    in_poll.as_nanos() as f64 / handled.max(1) as f64
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let total = if quick { 20_000 } else { 200_000 };
+    println!(
+        "poll group on the soft in-process fabric, batch 32 ({} capsules per case)",
+        total
+    );
+    println!(
+        "{:>8} {:>12} {:>16} {:>18}",
+        "qpairs", "lookup ns", "poll ns/compl", "echo ns/compl"
+    );
+    for (dev, n) in [1usize, 100, 10_000].into_iter().enumerate() {
+        let mut b = setup(n, dev as u32);
+        let lookup = lookup_ns(&b, 1_000_000);
+        // Warm up, then measure.
+        poll_ns(&mut b, 4096, false);
+        let poll = poll_ns(&mut b, total, false);
+        let echo = poll_ns(&mut b, total, true);
+        println!("{n:>8} {lookup:>12.1} {poll:>16.1} {echo:>18.1}");
+    }
+}

@@ -1,0 +1,34 @@
+//! Poll-group counters. Owned and written by the group's reactor only; others read a copy.
+
+/// What a poll group has seen since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PollGroupStats {
+    /// CQ polls, and polls that found nothing.
+    pub polls: u64,
+    pub idle_polls: u64,
+    /// Completions reaped.
+    pub completions: u64,
+    /// Capsules handed up to the layer above.
+    pub capsules: u64,
+    /// Receive completions for a qp_num not in the tree (the qpair is gone); slot re-posted.
+    pub orphans: u64,
+    /// Receives that arrived for a draining qpair; slot re-posted.
+    pub discarded: u64,
+    /// Capsules that waited for a free request object.
+    pub queued_for_request: u64,
+    /// Hosts that sent more commands than the negotiated depth (each one disconnected).
+    pub overruns: u64,
+    /// Error completions (flushes included).
+    pub error_completions: u64,
+    /// Qpairs added, and qpairs gone (drained and destroyed).
+    pub qpairs_added: u64,
+    pub qpairs_gone: u64,
+    /// Drains that ended by LAST_WQE_REACHED, by flush accounting (devices without it), or by
+    /// the drain timeout.
+    pub drained_last_wqe: u64,
+    pub drained_flush: u64,
+    pub drained_timeout: u64,
+    /// Receive slots re-posted to the SRQ, and post calls (lists) used for them.
+    pub recvs_posted: u64,
+    pub recv_post_calls: u64,
+}

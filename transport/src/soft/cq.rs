@@ -1,0 +1,309 @@
+//! Completion queues: a lock-free bounded queue of completions (depth = CQ size; a full CQ is
+//! an overrun and raises CQ_ERR), the arming state for the completion channel, and the
+//! progress engine that polling drives.
+//!
+//! Progress: polling a CQ first runs the QPs that asked for it (a send stalled on RNR or on a
+//! peer that is not ready yet, with its retry timer) and, on the TCP fabric, reads the sockets
+//! of the QPs attached to this CQ that epoll reports ready. With nothing pending, a poll is a
+//! relaxed load or two plus the queue pops: no lock, no syscall (in-process).
+//!
+//! Faults: with a completion delay or cross-QP reordering switched on, completions go through a
+//! held list (locked, timestamped) instead; per-QP order is kept.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+
+use super::channel::{EventQueue, SoftCompChannel};
+use super::device::DeviceInner;
+use super::qp::QpShared;
+use super::tcp::TcpPoller;
+use crate::error::Result;
+use crate::provider::CqOps;
+use crate::types::*;
+
+/// A completion as queued: the verbs completion plus send-queue retirement (polling a send
+/// completion frees the send queue slots up to and including its WR, as a verbs driver does).
+pub(crate) struct Cqe {
+    pub(crate) wc: WorkCompletion,
+    pub(crate) retire: Option<(Arc<AtomicU64>, u64)>,
+    pub(crate) solicited: bool,
+}
+
+const FAULT_DELAY: u8 = 1;
+const FAULT_REORDER: u8 = 2;
+
+const ARM_NONE: u8 = 0;
+const ARM_ANY: u8 = 1;
+const ARM_SOLICITED: u8 = 2;
+
+#[derive(Default)]
+struct Held {
+    delay: Duration,
+    q: VecDeque<(Instant, Cqe)>,
+}
+
+pub(crate) struct CqInner {
+    pub(crate) id: u32,
+    depth: u32,
+    dev: Arc<DeviceInner>,
+    q: ArrayQueue<Cqe>,
+    channel: Option<Arc<EventQueue<u32>>>,
+    armed: AtomicU8,
+    overrun: AtomicBool,
+    progress: Mutex<Vec<Weak<QpShared>>>,
+    progress_n: AtomicUsize,
+    pub(crate) tcp: Option<TcpPoller>,
+    faults: AtomicU8,
+    /// Set once a fault was ever switched on: only then can the held list be non-empty.
+    faults_used: AtomicBool,
+    held: Mutex<Held>,
+}
+
+impl CqInner {
+    pub(crate) fn dev(&self) -> Arc<DeviceInner> {
+        self.dev.clone()
+    }
+
+    /// Queue a completion (any thread).
+    pub(crate) fn push(&self, cqe: Cqe) {
+        let notify = self.armed.load(Ordering::Acquire) != ARM_NONE
+            && (self.armed.load(Ordering::Acquire) == ARM_ANY
+                || cqe.solicited
+                || cqe.wc.status != WcStatus::Success);
+        if self.faults.load(Ordering::Acquire) != 0 {
+            self.held
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .q
+                .push_back((Instant::now(), cqe));
+        } else if self.q.push(cqe).is_err() {
+            if !self.overrun.swap(true, Ordering::AcqRel) {
+                tracing::warn!(
+                    cq = self.id,
+                    depth = self.depth,
+                    "soft CQ overrun: completion lost"
+                );
+                self.dev.raise(AsyncEventKind::CqErr { cq_id: self.id });
+            }
+            return;
+        }
+        if notify && self.armed.swap(ARM_NONE, Ordering::AcqRel) != ARM_NONE {
+            if let Some(ch) = &self.channel {
+                ch.push(self.id);
+            }
+        }
+    }
+
+    /// Ask to be progressed on every poll until `QpShared::progress` says it is idle.
+    pub(crate) fn want_progress(&self, qp: &Arc<QpShared>) {
+        if qp.progress_registered.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(qp));
+        self.progress_n.fetch_add(1, Ordering::Release);
+    }
+
+    fn run_progress(&self) {
+        let mut list =
+            std::mem::take(&mut *self.progress.lock().unwrap_or_else(|e| e.into_inner()));
+        let now = Instant::now();
+        list.retain(|w| {
+            let Some(qp) = w.upgrade() else { return false };
+            // Clear first: a concurrent registration after this point re-adds it.
+            qp.progress_registered.store(false, Ordering::Release);
+            if qp.progress(now) {
+                qp.progress_registered.store(true, Ordering::Release);
+                true
+            } else {
+                false
+            }
+        });
+        let mut cur = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        // Registrations that raced in while the list was out.
+        cur.retain(|w| !list.iter().any(|x| x.ptr_eq(w)));
+        list.append(&mut cur);
+        *cur = list;
+        self.progress_n.store(cur.len(), Ordering::Release);
+    }
+
+    fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        if self.progress_n.load(Ordering::Acquire) > 0 {
+            self.run_progress();
+        }
+        if let Some(t) = &self.tcp {
+            t.poll();
+        }
+        let faults = self.faults.load(Ordering::Acquire);
+        let mut n = 0;
+        if faults == 0 {
+            if self.faults_used.load(Ordering::Acquire) && self.held_nonempty() {
+                n = self.poll_held(out, 0);
+            }
+            while n < out.len() {
+                let Some(c) = self.q.pop() else { break };
+                out[n] = Self::reap(c);
+                n += 1;
+            }
+        } else {
+            n = self.poll_held(out, faults);
+        }
+        n
+    }
+
+    fn held_nonempty(&self) -> bool {
+        !self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .q
+            .is_empty()
+    }
+
+    fn reap(c: Cqe) -> WorkCompletion {
+        if let Some((ctr, seq)) = &c.retire {
+            ctr.fetch_max(seq + 1, Ordering::AcqRel);
+        }
+        c.wc
+    }
+
+    fn poll_held(&self, out: &mut [WorkCompletion], faults: u8) -> usize {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        while let Some(c) = self.q.pop() {
+            h.q.push_back((now, c));
+        }
+        let delay = if faults & FAULT_DELAY != 0 {
+            h.delay
+        } else {
+            Duration::ZERO
+        };
+        let ready = h.q.iter().take_while(|(t, _)| *t + delay <= now).count();
+        if ready == 0 {
+            return 0;
+        }
+        if faults & FAULT_REORDER != 0 && ready > 1 {
+            // Reverse the order of QPs inside the ready batch, keeping each QP's own order: a
+            // stable sort by descending qp_num.
+            let (batch, _) = h.q.as_mut_slices();
+            if batch.len() >= ready {
+                batch[..ready].sort_by_key(|c| std::cmp::Reverse(c.1.wc.qp_num));
+            } else {
+                h.q.make_contiguous()[..ready].sort_by_key(|c| std::cmp::Reverse(c.1.wc.qp_num));
+            }
+        }
+        let mut n = 0;
+        while n < out.len() && n < ready {
+            let Some((_, c)) = h.q.pop_front() else { break };
+            out[n] = Self::reap(c);
+            n += 1;
+        }
+        n
+    }
+
+    pub(crate) fn set_delay(&self, delay: Duration) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        self.faults_used.store(true, Ordering::Release);
+        h.delay = delay;
+        if delay.is_zero() {
+            self.faults.fetch_and(!FAULT_DELAY, Ordering::AcqRel);
+        } else {
+            self.faults.fetch_or(FAULT_DELAY, Ordering::AcqRel);
+        }
+    }
+
+    pub(crate) fn set_reorder(&self, on: bool) {
+        let _h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        self.faults_used.store(true, Ordering::Release);
+        if on {
+            self.faults.fetch_or(FAULT_REORDER, Ordering::AcqRel);
+        } else {
+            self.faults.fetch_and(!FAULT_REORDER, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A completion queue of a soft device.
+#[derive(Clone)]
+pub struct SoftCq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+impl SoftCq {
+    pub(crate) fn new(
+        dev: &Arc<DeviceInner>,
+        depth: u32,
+        channel: Option<&SoftCompChannel>,
+    ) -> Result<SoftCq> {
+        let tcp = match dev.cfg.fabric {
+            SoftFabric::Tcp => Some(TcpPoller::new()?),
+            SoftFabric::InProcess => None,
+        };
+        let inner = Arc::new(CqInner {
+            id: dev.next_id(),
+            depth,
+            dev: dev.clone(),
+            q: ArrayQueue::new(depth as usize),
+            channel: channel.map(|c| c.inner.clone()),
+            armed: AtomicU8::new(ARM_NONE),
+            overrun: AtomicBool::new(false),
+            progress: Mutex::new(Vec::new()),
+            progress_n: AtomicUsize::new(0),
+            tcp,
+            faults: AtomicU8::new(0),
+            faults_used: AtomicBool::new(false),
+            held: Mutex::new(Held::default()),
+        });
+        dev.register_cq(&inner);
+        Ok(SoftCq { inner })
+    }
+
+    /// Fault injection: hold every completion for `delay` before polling can reap it
+    /// (zero switches it off).
+    pub fn set_completion_delay(&self, delay: Duration) {
+        self.inner.set_delay(delay);
+    }
+
+    /// Fault injection: reorder completions of different QPs within each polled batch (each
+    /// QP's own completions stay in order).
+    pub fn set_reorder(&self, on: bool) {
+        self.inner.set_reorder(on);
+    }
+
+    /// Whether this CQ overran (a completion was lost and CQ_ERR raised).
+    pub fn overrun(&self) -> bool {
+        self.inner.overrun.load(Ordering::Acquire)
+    }
+}
+
+impl CqOps for SoftCq {
+    fn id(&self) -> u32 {
+        self.inner.id
+    }
+    fn depth(&self) -> u32 {
+        self.inner.depth
+    }
+    fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
+        Ok(self.inner.poll(out))
+    }
+    fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.inner.armed.store(
+            if solicited_only {
+                ARM_SOLICITED
+            } else {
+                ARM_ANY
+            },
+            Ordering::Release,
+        );
+        Ok(())
+    }
+    fn progress_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.tcp.as_ref().map(|t| t.fd())
+    }
+}

@@ -1,0 +1,300 @@
+//! The in-process fabric: a requester executes its work request directly against the peer QP
+//! (same process, any thread): it takes the peer's receive, checks keys in the peer device's
+//! key table and copies memory to memory. No allocation, no lock, no syscall per work request
+//! on the success path; the responder's completion goes straight onto the responder's CQ.
+//!
+//! Responder-side errors follow IB: a receive that cannot hold the message or has a bad lkey
+//! completes in error and moves the responder to ERR (requester: REM_INV_REQ / REM_OP); a bad
+//! rkey, bounds or access moves the responder to ERR with QP_ACCESS_ERR (requester:
+//! REM_ACCESS_ERR). A peer that is gone (destroyed, in ERR, link down) never answers: the
+//! requester's retries are exhausted at once (RETRY_EXC_ERR).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::mem::{self, SgList};
+use super::qp::QpShared;
+use crate::types::*;
+
+/// Where a WR's local data is.
+pub(crate) enum Data<'a> {
+    Sges(&'a [Sge]),
+    /// Inline data captured at post time.
+    Bytes(&'a [u8]),
+}
+
+pub(crate) struct WrView<'a> {
+    pub(crate) op: SendOp,
+    pub(crate) data: Data<'a>,
+    pub(crate) solicited: bool,
+}
+
+pub(crate) enum Outcome {
+    Done {
+        byte_len: u32,
+    },
+    /// No receive posted at the responder (RNR NAK with its timer).
+    Rnr {
+        timer: u8,
+    },
+    /// The responder is not in RTR/RTS yet: the request is dropped and retried after the ACK
+    /// timeout (`timer` unused).
+    NotReady {
+        timer: u8,
+    },
+    Fail(WcStatus),
+}
+
+// Lives on the stack for one work request; boxing the list would allocate on the fast path.
+#[allow(clippy::large_enum_variant)]
+enum Src<'a> {
+    Sg(SgList<'a>),
+    Bytes(&'a [u8]),
+}
+
+impl Src<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Src::Sg(l) => l.total(),
+            Src::Bytes(b) => b.len() as u64,
+        }
+    }
+    fn copy_to(&self, dst: &SgList<'_>) -> u64 {
+        match self {
+            Src::Sg(l) => mem::copy_sg(dst, l, l.total()),
+            Src::Bytes(b) => mem::scatter(dst, b) as u64,
+        }
+    }
+}
+
+fn responder_ready(peer: &QpShared) -> Result<(), Outcome> {
+    if !peer.is_live() {
+        return Err(Outcome::Fail(WcStatus::RetryExcErr));
+    }
+    match peer.state() {
+        QpState::Rtr | QpState::Rts => Ok(()),
+        QpState::Err => Err(Outcome::Fail(WcStatus::RetryExcErr)),
+        _ => Err(Outcome::NotReady { timer: 0 }),
+    }
+}
+
+/// A remote access violation at the responder: it goes to ERR with QP_ACCESS_ERR.
+fn access_violation(peer: &Arc<QpShared>) -> Outcome {
+    peer.dev.raise(AsyncEventKind::QpAccessErr {
+        qp_num: peer.qp_num,
+    });
+    peer.enter_err(false);
+    Outcome::Fail(WcStatus::RemAccessErr)
+}
+
+pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> Outcome {
+    if req.link_down.load(Ordering::Acquire) {
+        return Outcome::Fail(WcStatus::RetryExcErr);
+    }
+    let local_need = if matches!(wr.op, SendOp::RdmaRead { .. }) {
+        Access::LOCAL_WRITE
+    } else {
+        Access::empty()
+    };
+    let src = match wr.data {
+        Data::Sges(sges) => match mem::resolve_local(&req.dev.keys, req.pd, sges, local_need) {
+            Ok(l) => Src::Sg(l),
+            Err(_) => return Outcome::Fail(WcStatus::LocProtErr),
+        },
+        Data::Bytes(b) => Src::Bytes(b),
+    };
+    if let Err(o) = responder_ready(peer) {
+        return o;
+    }
+    let len = src.len();
+    match wr.op {
+        SendOp::Send => deliver(req, peer, &src, wr, None, None, WcOpcode::Recv, None),
+        SendOp::SendWithImm { imm } => {
+            deliver(req, peer, &src, wr, Some(imm), None, WcOpcode::Recv, None)
+        }
+        SendOp::SendWithInv { rkey } => {
+            deliver(req, peer, &src, wr, None, Some(rkey), WcOpcode::Recv, None)
+        }
+        SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => deliver(
+            req,
+            peer,
+            &src,
+            wr,
+            Some(imm),
+            None,
+            WcOpcode::RecvRdmaWithImm,
+            Some((remote_addr, rkey)),
+        ),
+        SendOp::RdmaWrite { remote_addr, rkey } => {
+            if len == 0 {
+                return Outcome::Done { byte_len: 0 };
+            }
+            if !Access::from_bits_truncate(peer.remote_access.load(Ordering::Acquire))
+                .contains(Access::REMOTE_WRITE)
+            {
+                return access_violation(peer);
+            }
+            let Ok(r) =
+                peer.dev
+                    .keys
+                    .lookup(rkey, true, peer.pd, remote_addr, len, Access::REMOTE_WRITE)
+            else {
+                return access_violation(peer);
+            };
+            let mut dst = SgList::new();
+            dst.push(r);
+            src.copy_to(&dst);
+            Outcome::Done {
+                byte_len: len as u32,
+            }
+        }
+        SendOp::RdmaRead { remote_addr, rkey } => {
+            let Src::Sg(local) = &src else {
+                return Outcome::Fail(WcStatus::LocQpOpErr);
+            };
+            if len == 0 {
+                return Outcome::Done { byte_len: 0 };
+            }
+            if !Access::from_bits_truncate(peer.remote_access.load(Ordering::Acquire))
+                .contains(Access::REMOTE_READ)
+            {
+                return access_violation(peer);
+            }
+            let Ok(r) =
+                peer.dev
+                    .keys
+                    .lookup(rkey, true, peer.pd, remote_addr, len, Access::REMOTE_READ)
+            else {
+                return access_violation(peer);
+            };
+            let mut remote = SgList::new();
+            remote.push(r);
+            mem::copy_sg(local, &remote, len);
+            Outcome::Done {
+                byte_len: len as u32,
+            }
+        }
+    }
+}
+
+/// A message that consumes a receive at the responder (SEND*, RDMA WRITE with immediate).
+#[allow(clippy::too_many_arguments)]
+fn deliver(
+    req: &QpShared,
+    peer: &Arc<QpShared>,
+    src: &Src<'_>,
+    wr: &WrView<'_>,
+    imm: Option<u32>,
+    inv: Option<u32>,
+    opcode: WcOpcode,
+    write: Option<(u64, u32)>,
+) -> Outcome {
+    peer.in_delivery.fetch_add(1, Ordering::SeqCst);
+    let out = deliver_inner(req, peer, src, wr, imm, inv, opcode, write);
+    peer.in_delivery.fetch_sub(1, Ordering::SeqCst);
+    peer.maybe_last_wqe();
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn deliver_inner(
+    req: &QpShared,
+    peer: &Arc<QpShared>,
+    src: &Src<'_>,
+    wr: &WrView<'_>,
+    imm: Option<u32>,
+    inv: Option<u32>,
+    opcode: WcOpcode,
+    write: Option<(u64, u32)>,
+) -> Outcome {
+    // Re-check under the in-delivery count: a QP entering ERR now either sees our count (and
+    // leaves LAST_WQE to us) or we see its ERR and consume nothing.
+    if let Err(o) = responder_ready(peer) {
+        return o;
+    }
+    let len = src.len();
+    // RDMA WRITE with immediate: the write's own rkey check comes first.
+    let mut write_dst = SgList::new();
+    if let Some((addr, rkey)) = write {
+        if len > 0 {
+            if !Access::from_bits_truncate(peer.remote_access.load(Ordering::Acquire))
+                .contains(Access::REMOTE_WRITE)
+            {
+                return access_violation(peer);
+            }
+            match peer
+                .dev
+                .keys
+                .lookup(rkey, true, peer.pd, addr, len, Access::REMOTE_WRITE)
+            {
+                Ok(r) => write_dst.push(r),
+                Err(_) => return access_violation(peer),
+            }
+        }
+    }
+    let Some(recv) = peer.pop_recv() else {
+        return Outcome::Rnr {
+            timer: peer.min_rnr_timer.load(Ordering::Relaxed),
+        };
+    };
+    let fail_recv = |status: WcStatus| {
+        peer.complete_recv(
+            WorkCompletion {
+                wr_id: recv.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                src_qp: req.qp_num,
+                ..Default::default()
+            },
+            false,
+        );
+        peer.enter_err(false);
+    };
+    let dst = if write.is_some() {
+        write_dst
+    } else {
+        match mem::resolve_local(
+            &peer.dev.keys,
+            peer.recv_pd(),
+            recv.sges(),
+            Access::LOCAL_WRITE,
+        ) {
+            Ok(d) => d,
+            Err(_) => {
+                fail_recv(WcStatus::LocProtErr);
+                return Outcome::Fail(WcStatus::RemOpErr);
+            }
+        }
+    };
+    if write.is_none() && len > dst.total() {
+        fail_recv(WcStatus::LocLenErr);
+        return Outcome::Fail(WcStatus::RemInvReqErr);
+    }
+    if let Some(rkey) = inv {
+        if !peer.dev.keys.invalidate_rkey(rkey, peer.pd) {
+            fail_recv(WcStatus::RemInvReqErr);
+            return Outcome::Fail(WcStatus::RemOpErr);
+        }
+    }
+    src.copy_to(&dst);
+    peer.complete_recv(
+        WorkCompletion {
+            wr_id: recv.wr_id,
+            status: WcStatus::Success,
+            opcode,
+            byte_len: len as u32,
+            src_qp: req.qp_num,
+            imm_data: imm,
+            invalidated_rkey: inv,
+            ..Default::default()
+        },
+        wr.solicited,
+    );
+    Outcome::Done {
+        byte_len: len as u32,
+    }
+}

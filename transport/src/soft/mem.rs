@@ -1,0 +1,586 @@
+//! Memory: the device key table, memory regions, and the memory engine that copies between
+//! registered addresses. The only `unsafe` of the soft provider lives here.
+//!
+//! Keys: every MR takes two slots of its device's key table, one for its lkey and one for its
+//! rkey, so the two keys are distinct and an lkey is never accepted as an rkey. A key is
+//! `slot_index << 8 | generation`; deregistration bumps the generation, so a stale key fails.
+//!
+//! Liveness: a slot's `state` word packs VALID, the generation and an in-flight count. A lookup
+//! increments the count (CAS, only while VALID and the generation matches) and returns a
+//! [`KeyRef`] guard that decrements it on drop. Deregistration clears VALID, then waits for
+//! the count to reach zero before the memory is freed, so no copy ever touches freed memory.
+//! Lookups never block and never allocate.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use super::SoftPd;
+use super::device::DeviceInner;
+use crate::error::{Result, TransportError};
+use crate::provider::MrOps;
+use crate::types::*;
+
+/// Most SGEs one work request can carry on a soft device (fixed-size, allocation-free lists).
+pub(crate) const SOFT_MAX_SGE: usize = 16;
+
+const CHUNK_BITS: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_BITS;
+const CHUNKS: usize = 1024;
+
+const VALID: u64 = 1 << 63;
+const GEN_SHIFT: u32 = 32;
+const COUNT_MASK: u64 = 0xffff_ffff;
+/// Slot flag (in `flags`): this slot is an rkey.
+const REMOTE_KEY: u32 = 1 << 31;
+
+#[derive(Default)]
+struct KeySlot {
+    state: AtomicU64,
+    addr: AtomicU64,
+    len: AtomicU64,
+    flags: AtomicU32,
+    pd: AtomicU32,
+}
+
+/// Why a key lookup failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyError {
+    /// No live key with that value (never registered, deregistered, invalidated, wrong kind).
+    Unknown,
+    /// The key belongs to another protection domain.
+    WrongPd,
+    /// The range is outside the region.
+    Bounds,
+    /// The region does not grant the access.
+    Access,
+}
+
+/// A validated, pinned range of registered memory. While it lives, the region cannot be
+/// freed; `addr..addr+len` lies inside it.
+pub(crate) struct KeyRef<'a> {
+    slot: &'a KeySlot,
+    addr: u64,
+    len: u64,
+}
+
+impl Drop for KeyRef<'_> {
+    fn drop(&mut self) {
+        self.slot.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
+#[derive(Default)]
+struct FreeList {
+    next_fresh: u32,
+    free: Vec<u32>,
+}
+
+/// A device's key table: lock-free lookups, slots allocated on the control path.
+pub(crate) struct KeyTable {
+    chunks: Box<[OnceLock<Box<[KeySlot]>>]>,
+    free: Mutex<FreeList>,
+}
+
+impl KeyTable {
+    pub(crate) fn new() -> KeyTable {
+        KeyTable {
+            chunks: (0..CHUNKS).map(|_| OnceLock::new()).collect(),
+            // Slot 0 is never handed out, so no key is 0.
+            free: Mutex::new(FreeList {
+                next_fresh: 1,
+                free: Vec::new(),
+            }),
+        }
+    }
+
+    fn slot(&self, index: u32) -> Option<&KeySlot> {
+        let chunk = self.chunks.get((index >> CHUNK_BITS) as usize)?.get()?;
+        chunk.get(index as usize & (CHUNK - 1))
+    }
+
+    /// Register `addr..addr+len` under a new key.
+    fn register(&self, addr: u64, len: u64, access: Access, pd: u32, remote: bool) -> Result<u32> {
+        let index = {
+            let mut fl = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            match fl.free.pop() {
+                Some(i) => i,
+                None => {
+                    let i = fl.next_fresh;
+                    if i as usize >= CHUNK * CHUNKS {
+                        return Err(TransportError::Limit {
+                            what: "memory keys",
+                            asked: i as u64 + 1,
+                            max: (CHUNK * CHUNKS) as u64,
+                        });
+                    }
+                    fl.next_fresh += 1;
+                    i
+                }
+            }
+        };
+        let chunk = self.chunks[(index >> CHUNK_BITS) as usize]
+            .get_or_init(|| (0..CHUNK).map(|_| KeySlot::default()).collect());
+        let slot = &chunk[index as usize & (CHUNK - 1)];
+        let generation = (slot.state.load(Ordering::Acquire) >> GEN_SHIFT) & 0xff;
+        slot.addr.store(addr, Ordering::Relaxed);
+        slot.len.store(len, Ordering::Relaxed);
+        slot.flags.store(
+            access.bits() | if remote { REMOTE_KEY } else { 0 },
+            Ordering::Relaxed,
+        );
+        slot.pd.store(pd, Ordering::Relaxed);
+        // Publishes the fields above to every lookup that observes VALID.
+        slot.state
+            .store(VALID | (generation << GEN_SHIFT), Ordering::Release);
+        Ok((index << 8) | generation as u32)
+    }
+
+    /// Pin `key`'s region for `addr..addr+len` with `need` access. Never blocks.
+    pub(crate) fn lookup(
+        &self,
+        key: u32,
+        remote: bool,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<KeyRef<'_>, KeyError> {
+        let slot = self.slot(key >> 8).ok_or(KeyError::Unknown)?;
+        let generation = u64::from(key & 0xff);
+        let mut cur = slot.state.load(Ordering::Acquire);
+        loop {
+            if cur & VALID == 0 || (cur >> GEN_SHIFT) & 0xff != generation {
+                return Err(KeyError::Unknown);
+            }
+            match slot.state.compare_exchange_weak(
+                cur,
+                cur + 1,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        // From here the guard keeps the slot's fields stable (re-registration needs count 0).
+        let pinned = KeyRef { slot, addr, len };
+        let flags = slot.flags.load(Ordering::Relaxed);
+        if (flags & REMOTE_KEY != 0) != remote {
+            return Err(KeyError::Unknown);
+        }
+        if slot.pd.load(Ordering::Relaxed) != pd {
+            return Err(KeyError::WrongPd);
+        }
+        let base = slot.addr.load(Ordering::Relaxed);
+        let size = slot.len.load(Ordering::Relaxed);
+        let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
+        if addr < base || end > base + size {
+            return Err(KeyError::Bounds);
+        }
+        if !Access::from_bits_truncate(flags).contains(need) {
+            return Err(KeyError::Access);
+        }
+        Ok(pinned)
+    }
+
+    /// Remote invalidation (SEND_WITH_INV): the rkey stops working; the slot stays taken until
+    /// its MR is deregistered. Returns false when `rkey` is not a live rkey of `pd`.
+    pub(crate) fn invalidate_rkey(&self, rkey: u32, pd: u32) -> bool {
+        let Some(slot) = self.slot(rkey >> 8) else {
+            return false;
+        };
+        if slot.flags.load(Ordering::Relaxed) & REMOTE_KEY == 0
+            || slot.pd.load(Ordering::Relaxed) != pd
+        {
+            return false;
+        }
+        let generation = u64::from(rkey & 0xff);
+        let mut cur = slot.state.load(Ordering::Acquire);
+        loop {
+            if cur & VALID == 0 || (cur >> GEN_SHIFT) & 0xff != generation {
+                return false;
+            }
+            match slot.state.compare_exchange_weak(
+                cur,
+                cur & !VALID,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Take `key` out of the table and wait until no copy uses it any more.
+    fn deregister(&self, key: u32) {
+        let index = key >> 8;
+        let Some(slot) = self.slot(index) else { return };
+        let generation = u64::from(key & 0xff);
+        let cur = slot.state.fetch_and(!VALID, Ordering::AcqRel);
+        if (cur >> GEN_SHIFT) & 0xff != generation {
+            return;
+        }
+        // In-flight copies are a memcpy long: spin, then yield.
+        let mut spins = 0u32;
+        while slot.state.load(Ordering::Acquire) & COUNT_MASK != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        slot.state
+            .store(((generation + 1) & 0xff) << GEN_SHIFT, Ordering::Release);
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free
+            .push(index);
+    }
+}
+
+/// A validated scatter/gather list: up to [`SOFT_MAX_SGE`] pinned ranges, no allocation.
+pub(crate) struct SgList<'a> {
+    refs: [Option<KeyRef<'a>>; SOFT_MAX_SGE],
+    n: usize,
+    total: u64,
+}
+
+impl<'a> SgList<'a> {
+    pub(crate) fn new() -> SgList<'a> {
+        SgList {
+            refs: [const { None }; SOFT_MAX_SGE],
+            n: 0,
+            total: 0,
+        }
+    }
+    pub(crate) fn push(&mut self, r: KeyRef<'a>) {
+        self.total += r.len;
+        self.refs[self.n] = Some(r);
+        self.n += 1;
+    }
+    pub(crate) fn total(&self) -> u64 {
+        self.total
+    }
+    fn spans(&self) -> impl Iterator<Item = &KeyRef<'a>> {
+        self.refs[..self.n].iter().flatten()
+    }
+}
+
+/// Validate local SGEs against `table`: lkeys of `pd` with `need` access. Zero-length SGEs
+/// are not checked (as in verbs).
+pub(crate) fn resolve_local<'a>(
+    table: &'a KeyTable,
+    pd: u32,
+    sges: &[Sge],
+    need: Access,
+) -> std::result::Result<SgList<'a>, KeyError> {
+    let mut list = SgList::new();
+    for sge in sges.iter().take(SOFT_MAX_SGE) {
+        if sge.length == 0 {
+            continue;
+        }
+        list.push(table.lookup(sge.lkey, false, pd, sge.addr, u64::from(sge.length), need)?);
+    }
+    Ok(list)
+}
+
+/// Copy `len` bytes from the pinned source spans into the pinned destination spans (both
+/// walked in order). Returns the bytes copied: min(src, dst, len).
+pub(crate) fn copy_sg(dst: &SgList<'_>, src: &SgList<'_>, len: u64) -> u64 {
+    let mut d = dst.spans();
+    let mut s = src.spans();
+    let (mut dcur, mut scur) = (
+        d.next().map(|r| (r.addr, r.len)),
+        s.next().map(|r| (r.addr, r.len)),
+    );
+    let mut left = len;
+    let mut done = 0;
+    while left > 0 {
+        let (Some((da, dl)), Some((sa, sl))) = (dcur, scur) else {
+            break;
+        };
+        let n = dl.min(sl).min(left);
+        raw_copy(da, sa, n);
+        done += n;
+        left -= n;
+        dcur = if dl == n {
+            d.next().map(|r| (r.addr, r.len))
+        } else {
+            Some((da + n, dl - n))
+        };
+        scur = if sl == n {
+            s.next().map(|r| (r.addr, r.len))
+        } else {
+            Some((sa + n, sl - n))
+        };
+    }
+    done
+}
+
+/// Copy out of pinned spans into `out` (TCP transmit, inline capture).
+pub(crate) fn gather(src: &SgList<'_>, out: &mut [u8]) -> usize {
+    let mut off = 0;
+    for r in src.spans() {
+        let n = (r.len as usize).min(out.len() - off);
+        if n == 0 {
+            break;
+        }
+        let dst = &mut out[off..off + n];
+        // SAFETY: `r` pins a live registration covering r.addr..r.addr+r.len (checked by
+        // `KeyTable::lookup`), and n <= r.len; `dst` is a distinct Rust-owned buffer, so the
+        // ranges cannot overlap. The address's provenance was exposed at registration.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                std::ptr::with_exposed_provenance::<u8>(r.addr as usize),
+                dst.as_mut_ptr(),
+                n,
+            );
+        }
+        off += n;
+    }
+    off
+}
+
+/// Copy `data` into pinned spans (TCP receive, inline delivery). Returns bytes written.
+pub(crate) fn scatter(dst: &SgList<'_>, data: &[u8]) -> usize {
+    let mut off = 0;
+    for r in dst.spans() {
+        let n = (r.len as usize).min(data.len() - off);
+        if n == 0 {
+            break;
+        }
+        let src = &data[off..off + n];
+        // SAFETY: `r` pins a live registration covering r.addr..r.addr+r.len, n <= r.len, and
+        // `src` is a Rust-owned buffer; `copy` tolerates overlap should the caller pass a view
+        // of the same region.
+        unsafe {
+            std::ptr::copy(
+                src.as_ptr(),
+                std::ptr::with_exposed_provenance_mut::<u8>(r.addr as usize),
+                n,
+            );
+        }
+        off += n;
+    }
+    off
+}
+
+fn raw_copy(dst: u64, src: u64, n: u64) {
+    // SAFETY: both ranges were proved by `KeyTable::lookup` to lie inside live registrations
+    // that the callers' `KeyRef` guards keep alive for the duration of the call; `copy`
+    // (memmove) tolerates overlap, e.g. a QP writing into its own MR over loopback.
+    unsafe {
+        std::ptr::copy(
+            std::ptr::with_exposed_provenance::<u8>(src as usize),
+            std::ptr::with_exposed_provenance_mut::<u8>(dst as usize),
+            n as usize,
+        );
+    }
+}
+
+/// Memory owned by an MR.
+enum Backing {
+    /// Page-aligned, zeroed, from `alloc_mr`.
+    Aligned { layout: std::alloc::Layout },
+    /// A caller's buffer from `reg_mr`.
+    Boxed,
+}
+
+struct Memory {
+    addr: usize,
+    len: usize,
+    backing: Backing,
+}
+
+impl Memory {
+    fn alloc(len: usize) -> Result<Memory> {
+        let layout = std::alloc::Layout::from_size_align(len, 4096)
+            .map_err(|_| TransportError::InvalidArgument(format!("MR length {len} too large")))?;
+        // SAFETY: layout has non-zero size (callers refuse len 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(TransportError::Limit {
+                what: "MR memory",
+                asked: len as u64,
+                max: 0,
+            });
+        }
+        Ok(Memory {
+            addr: ptr.expose_provenance(),
+            len,
+            backing: Backing::Aligned { layout },
+        })
+    }
+
+    fn boxed(buf: Box<[u8]>) -> Memory {
+        let len = buf.len();
+        let ptr = Box::into_raw(buf) as *mut u8;
+        Memory {
+            addr: ptr.expose_provenance(),
+            len,
+            backing: Backing::Boxed,
+        }
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        std::ptr::with_exposed_provenance_mut(self.addr)
+    }
+}
+
+impl Drop for Memory {
+    fn drop(&mut self) {
+        match self.backing {
+            // SAFETY: allocated by `alloc_zeroed` with exactly this layout, freed once; the key
+            // table entries were removed and drained before (SoftMr::drop order).
+            Backing::Aligned { layout } => unsafe { std::alloc::dealloc(self.ptr(), layout) },
+            // SAFETY: this pointer and length came from `Box::into_raw` of a `Box<[u8]>` and are
+            // turned back into that box exactly once.
+            Backing::Boxed => drop(unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr(), self.len))
+            }),
+        }
+    }
+}
+
+/// A registered memory region of a soft device.
+pub struct SoftMr {
+    // Field order: keys are deregistered in Drop before `mem` is freed.
+    dev: Arc<DeviceInner>,
+    lkey: u32,
+    rkey: u32,
+    access: Access,
+    mem: Memory,
+    _pd: SoftPd,
+}
+
+impl SoftMr {
+    pub(crate) fn new(
+        pd: &SoftPd,
+        len: usize,
+        buf: Option<Box<[u8]>>,
+        access: Access,
+    ) -> Result<SoftMr> {
+        if len == 0 {
+            return Err(TransportError::InvalidArgument("MR of zero length".into()));
+        }
+        let dev = pd.dev().clone();
+        let mem = match buf {
+            Some(b) => Memory::boxed(b),
+            None => Memory::alloc(len)?,
+        };
+        let (addr, len) = (mem.addr as u64, mem.len as u64);
+        let keys = &dev.keys;
+        let lkey = keys.register(addr, len, access, pd.id(), false);
+        let rkey = keys.register(addr, len, access, pd.id(), true);
+        match (lkey, rkey) {
+            (Ok(lkey), Ok(rkey)) => Ok(SoftMr {
+                dev,
+                lkey,
+                rkey,
+                access,
+                mem,
+                _pd: pd.clone(),
+            }),
+            (l, r) => {
+                for k in [&l, &r].into_iter().flatten() {
+                    keys.deregister(*k);
+                }
+                Err(l
+                    .err()
+                    .or(r.err())
+                    .unwrap_or(TransportError::Unsupported("key table")))
+            }
+        }
+    }
+
+    /// The registered byte range, as raw addresses.
+    pub fn range(&self) -> Range<u64> {
+        self.mem.addr as u64..(self.mem.addr + self.mem.len) as u64
+    }
+}
+
+impl MrOps for SoftMr {
+    fn addr(&self) -> u64 {
+        self.mem.addr as u64
+    }
+    fn len(&self) -> usize {
+        self.mem.len
+    }
+    fn lkey(&self) -> u32 {
+        self.lkey
+    }
+    fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `mem` is a live allocation of `len` bytes owned by this MR for as long as the
+        // borrow of `self`. Peers may write it concurrently through the rkey, as hardware DMA
+        // does: the provider contract (`MrOps`) makes these slices a view of DMA-able memory.
+        unsafe { std::slice::from_raw_parts(self.mem.ptr(), self.mem.len) }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`; `&mut self` makes this the only slice handed out.
+        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr(), self.mem.len) }
+    }
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        // Keys first (waits for in-flight copies), then the memory (field drop, after this).
+        self.dev.keys.deregister(self.lkey);
+        self.dev.keys.deregister(self.rkey);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_bounds_access_generation() {
+        let t = KeyTable::new();
+        let buf = [0u8; 64];
+        let a = buf.as_ptr() as u64;
+        let l = t.register(a, 64, Access::LOCAL_WRITE, 1, false).unwrap();
+        let r = t.register(a, 64, Access::REMOTE_READ, 1, true).unwrap();
+        assert_ne!(l, r);
+        assert!(t.lookup(l, false, 1, a, 64, Access::LOCAL_WRITE).is_ok());
+        assert_eq!(
+            t.lookup(l, true, 1, a, 64, Access::empty()).err(),
+            Some(KeyError::Unknown)
+        );
+        assert_eq!(
+            t.lookup(l, false, 2, a, 64, Access::empty()).err(),
+            Some(KeyError::WrongPd)
+        );
+        assert_eq!(
+            t.lookup(l, false, 1, a + 1, 64, Access::empty()).err(),
+            Some(KeyError::Bounds)
+        );
+        assert_eq!(
+            t.lookup(r, true, 1, a, 8, Access::REMOTE_WRITE).err(),
+            Some(KeyError::Access)
+        );
+        t.deregister(r);
+        assert_eq!(
+            t.lookup(r, true, 1, a, 8, Access::REMOTE_READ).err(),
+            Some(KeyError::Unknown)
+        );
+        // The slot is reused with a new generation: the stale key still fails.
+        let r2 = t.register(a, 64, Access::REMOTE_READ, 1, true).unwrap();
+        assert_eq!(r2 >> 8, r >> 8);
+        assert_ne!(r2, r);
+        assert!(t.lookup(r, true, 1, a, 8, Access::REMOTE_READ).is_err());
+        assert!(t.invalidate_rkey(r2, 1));
+        assert!(t.lookup(r2, true, 1, a, 8, Access::REMOTE_READ).is_err());
+        t.deregister(l);
+        t.deregister(r2);
+    }
+}

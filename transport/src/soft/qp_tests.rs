@@ -1,0 +1,1077 @@
+//! Data-path tests of the soft QP, run on both fabrics.
+
+use std::time::Duration;
+
+use super::super::testutil::*;
+use crate::provider::*;
+use crate::soft::*;
+use crate::types::*;
+
+both_fabrics!(
+    send_recv,
+    inline_send,
+    write_read_good,
+    bad_rkey_write,
+    bad_rkey_read_bounds_access,
+    wrong_lkey,
+    srq_many_qps_one_cq,
+    flush_on_error,
+    last_wqe_on,
+    last_wqe_off,
+    rnr_forever,
+    rnr_retry_exceeded,
+    send_with_inv,
+    depth_limits,
+    unsignaled,
+    recv_too_small,
+    thousand_qps_one_cq,
+);
+
+fn send_recv(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sges: &[b.mr.sge(0, 64)],
+    }])
+    .unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 8,
+        sges: &[b.mr.sge(64, 64)],
+    }])
+    .unwrap();
+    a.mr.as_mut_slice()[..5].copy_from_slice(b"hello");
+    a.mr.as_mut_slice()[5..10].copy_from_slice(b"world");
+    a.qp.post_send(&[
+        send_wr(1, SendOp::Send, &[a.mr.sge(0, 5)], SendFlags::SIGNALED),
+        send_wr(
+            2,
+            SendOp::SendWithImm { imm: 0xabcd },
+            &[a.mr.sge(5, 5)],
+            SendFlags::SIGNALED,
+        ),
+    ])
+    .unwrap();
+    let s = net.wait(&a.cq, 2);
+    assert_eq!(
+        (s[0].wr_id, s[0].status, s[0].opcode),
+        (1, WcStatus::Success, WcOpcode::Send)
+    );
+    assert_eq!((s[1].wr_id, s[1].status), (2, WcStatus::Success));
+    assert_eq!(s[0].qp_num, a.qp.qp_num());
+    let r = net.wait(&b.cq, 2);
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].opcode, r[0].byte_len),
+        (7, WcStatus::Success, WcOpcode::Recv, 5)
+    );
+    assert_eq!(
+        (r[0].qp_num, r[0].src_qp, r[0].imm_data),
+        (b.qp.qp_num(), a.qp.qp_num(), None)
+    );
+    assert_eq!((r[1].wr_id, r[1].imm_data), (8, Some(0xabcd)));
+    assert_eq!(&b.mr.as_slice()[..5], b"hello");
+    assert_eq!(&b.mr.as_slice()[64..69], b"world");
+}
+
+fn inline_send(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 128)],
+    }])
+    .unwrap();
+    a.mr.as_mut_slice()[..4].copy_from_slice(b"abcd");
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::Send,
+        &[a.mr.sge(0, 4)],
+        SendFlags::SIGNALED | SendFlags::INLINE,
+    )])
+    .unwrap();
+    // The buffer may be reused right after posting an inline send.
+    a.mr.as_mut_slice()[..4].copy_from_slice(b"XXXX");
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(net.wait(&b.cq, 1)[0].byte_len, 4);
+    assert_eq!(&b.mr.as_slice()[..4], b"abcd");
+    // Beyond max_inline_data: refused at post.
+    let e =
+        a.qp.post_send(&[send_wr(
+            2,
+            SendOp::Send,
+            &[a.mr.sge(0, 129)],
+            SendFlags::INLINE,
+        )])
+        .unwrap_err();
+    assert_eq!(e.failed_index, 0);
+}
+
+fn write_read_good(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    a.mr.as_mut_slice()[..8].copy_from_slice(b"rdmawrit");
+    let (raddr, rkey) = (b.mr.addr() + 100, b.mr.rkey());
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: raddr,
+            rkey,
+        },
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    let c = net.wait(&a.cq, 1);
+    assert_eq!(
+        (c[0].status, c[0].opcode),
+        (WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert_eq!(&b.mr.as_slice()[100..108], b"rdmawrit");
+    b.mr.as_mut_slice()[2000..2006].copy_from_slice(b"readme");
+    a.qp.post_send(&[send_wr(
+        2,
+        SendOp::RdmaRead {
+            remote_addr: b.mr.addr() + 2000,
+            rkey,
+        },
+        &[a.mr.sge(500, 3), a.mr.sge(1000, 3)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    let c = net.wait(&a.cq, 1);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode, c[0].byte_len),
+        (2, WcStatus::Success, WcOpcode::RdmaRead, 6)
+    );
+    assert_eq!(&a.mr.as_slice()[500..503], b"rea");
+    assert_eq!(&a.mr.as_slice()[1000..1003], b"dme");
+    // RDMA WRITE with immediate consumes a receive and reports the immediate.
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 9,
+        sges: &[],
+    }])
+    .unwrap();
+    a.qp.post_send(&[send_wr(
+        3,
+        SendOp::RdmaWriteWithImm {
+            remote_addr: b.mr.addr(),
+            rkey,
+            imm: 42,
+        },
+        &[a.mr.sge(0, 4)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let r = net.wait(&b.cq, 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].opcode, r[0].imm_data, r[0].byte_len),
+        (9, WcOpcode::RecvRdmaWithImm, Some(42), 4)
+    );
+    assert!(async_events(&a.ctx).is_empty());
+}
+
+fn bad_rkey_write(f: SoftFabric) {
+    let (mut a, b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let bad = b.mr.rkey() ^ 0x100;
+    a.qp.post_send(&[
+        send_wr(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: b.mr.addr(),
+                rkey: bad,
+            },
+            &[a.mr.sge(0, 8)],
+            SendFlags::empty(),
+        ),
+        send_wr(2, SendOp::Send, &[a.mr.sge(0, 8)], SendFlags::SIGNALED),
+        send_wr(
+            3,
+            SendOp::RdmaWrite {
+                remote_addr: b.mr.addr(),
+                rkey: b.mr.rkey(),
+            },
+            &[a.mr.sge(0, 8)],
+            SendFlags::empty(),
+        ),
+    ])
+    .unwrap();
+    let c = net.wait(&a.cq, 3);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RemAccessErr));
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
+    // Flushed even though unsignaled: errors always complete.
+    assert_eq!((c[2].wr_id, c[2].status), (3, WcStatus::WrFlushErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+    // Posting in ERR is accepted and flushed.
+    a.qp.post_send(&[send_wr(4, SendOp::Send, &[], SendFlags::empty())])
+        .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::WrFlushErr);
+    // The responder detected an access violation: it is in ERR too, with QP_ACCESS_ERR.
+    let qpn = b.qp.qp_num();
+    assert!(wait_event(&b.ctx, &net, |k| *k
+        == AsyncEventKind::QpAccessErr { qp_num: qpn }));
+    assert_eq!(b.qp.state(), QpState::Err);
+}
+
+fn bad_rkey_read_bounds_access(f: SoftFabric) {
+    // Out of bounds.
+    let (mut a, b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let wr = |addr, rkey| SendOp::RdmaRead {
+        remote_addr: addr,
+        rkey,
+    };
+    a.qp.post_send(&[send_wr(
+        1,
+        wr(b.mr.addr() + 4090, b.mr.rkey()),
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(a.qp.state(), QpState::Err);
+    // The lkey is not an rkey.
+    let (mut a, b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    a.qp.post_send(&[send_wr(
+        1,
+        wr(b.mr.addr(), b.mr.lkey()),
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+    // An MR without REMOTE_READ.
+    let (mut a, b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let ro =
+        b.pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    a.qp.post_send(&[send_wr(
+        1,
+        wr(ro.addr(), ro.rkey()),
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+    // A deregistered MR's rkey is stale.
+    let (mut a, b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let gone = b.pd.alloc_mr(64, ALL).unwrap();
+    let (addr, rkey) = (gone.addr(), gone.rkey());
+    drop(gone);
+    a.qp.post_send(&[send_wr(
+        1,
+        wr(addr, rkey),
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+}
+
+fn wrong_lkey(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 64)],
+    }])
+    .unwrap();
+    let bad = Sge {
+        addr: a.mr.addr(),
+        length: 8,
+        lkey: a.mr.lkey() + 0x100,
+    };
+    a.qp.post_send(&[
+        send_wr(1, SendOp::Send, &[bad], SendFlags::empty()),
+        send_wr(2, SendOp::Send, &[a.mr.sge(0, 8)], SendFlags::SIGNALED),
+    ])
+    .unwrap();
+    let c = net.wait(&a.cq, 2);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::LocProtErr));
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+    // Out of the MR's bounds is a local protection error too; so is an rkey used as lkey.
+    let (mut a, b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let past = Sge {
+        addr: a.mr.addr() + 4000,
+        length: 200,
+        lkey: a.mr.lkey(),
+    };
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        &[past],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::LocProtErr);
+}
+
+fn srq_many_qps_one_cq(f: SoftFabric) {
+    const N: usize = 8;
+    let o = Opts {
+        srq: true,
+        recv_wr: 256,
+        ..Opts::default()
+    };
+    let ds = device(f, true);
+    let dc = device(f, true);
+    let pd = ds.alloc_pd().unwrap();
+    let cq = ds.create_cq(1024, None).unwrap();
+    let srq = pd
+        .create_srq(&SrqInit {
+            max_wr: 256,
+            max_sge: 1,
+            limit: 0,
+        })
+        .unwrap();
+    let mut mr = pd.alloc_mr(64 * 256, ALL).unwrap();
+    let ccq = dc.create_cq(1024, None).unwrap();
+    let cpd = dc.alloc_pd().unwrap();
+    let mut cmr = cpd.alloc_mr(4096, ALL).unwrap();
+    let mut servers = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..N {
+        let mut s = pd
+            .create_qp(&QpInit {
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: Some(&srq),
+                caps: caps(&o),
+                sq_sig_all: false,
+            })
+            .unwrap();
+        let mut c = cpd
+            .create_qp(&QpInit {
+                send_cq: &ccq,
+                recv_cq: &ccq,
+                srq: None,
+                caps: caps(&o),
+                sq_sig_all: true,
+            })
+            .unwrap();
+        connect(&mut c, &mut s, &o);
+        servers.push(s);
+        clients.push(c);
+    }
+    let wrs: Vec<_> = (0..256).map(|i| mr.sge(i * 64, 64)).collect();
+    for (i, s) in wrs.iter().enumerate() {
+        srq.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sges: std::slice::from_ref(s),
+        }])
+        .unwrap();
+    }
+    let net = Net::new(&[&cq, &ccq]);
+    for (i, c) in clients.iter_mut().enumerate() {
+        for k in 0..4u8 {
+            cmr.as_mut_slice()[i * 4 + k as usize] = (i as u8) << 4 | k;
+        }
+        for k in 0..4 {
+            c.post_send(&[send_wr(
+                k,
+                SendOp::Send,
+                &[cmr.sge(i * 4 + k as usize, 1)],
+                SendFlags::empty(),
+            )])
+            .unwrap();
+        }
+    }
+    let cc = net.wait(&ccq, N * 4);
+    assert!(
+        cc.iter().all(|c| c.status == WcStatus::Success),
+        "{:?}",
+        &cc[..4]
+    );
+    let got = net.wait(&cq, N * 4);
+    let mut per_qp = std::collections::HashMap::<u32, Vec<u8>>::new();
+    for c in &got {
+        assert_eq!(c.status, WcStatus::Success);
+        let byte = mr.as_slice()[c.wr_id as usize * 64];
+        per_qp.entry(c.qp_num).or_default().push(byte);
+    }
+    for (i, s) in servers.iter().enumerate() {
+        // Attributed to the right QP, and in that QP's order.
+        let want: Vec<u8> = (0..4).map(|k| (i as u8) << 4 | k).collect();
+        assert_eq!(per_qp[&s.qp_num()], want, "qp {i}");
+        assert!(
+            got.iter()
+                .filter(|c| c.qp_num == s.qp_num())
+                .all(|c| c.src_qp == clients[i].qp_num())
+        );
+    }
+    let _ = mr.as_mut_slice();
+}
+
+fn flush_on_error(f: SoftFabric) {
+    let o = Opts {
+        rnr_retry: 7,
+        ..Opts::default()
+    };
+    let (mut a, mut b) = pair(f, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    // Sends stuck on RNR (no receive at b), receives posted at a.
+    a.qp.post_recv(&[
+        RecvWr {
+            wr_id: 100,
+            sges: &[a.mr.sge(0, 8)],
+        },
+        RecvWr {
+            wr_id: 101,
+            sges: &[a.mr.sge(8, 8)],
+        },
+    ])
+    .unwrap();
+    for i in 0..3 {
+        a.qp.post_send(&[send_wr(
+            i,
+            SendOp::Send,
+            &[a.mr.sge(0, 8)],
+            SendFlags::empty(),
+        )])
+        .unwrap();
+    }
+    assert!(net.settle(&a.cq, Duration::from_millis(20)).is_empty());
+    a.qp.modify_to_err().unwrap();
+    let c = net.wait(&a.cq, 5);
+    let mut sends: Vec<_> = c
+        .iter()
+        .filter(|c| c.wr_id < 100)
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    let recvs: Vec<_> = c
+        .iter()
+        .filter(|c| c.wr_id >= 100)
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        sends,
+        vec![
+            (0, WcStatus::WrFlushErr),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(
+        recvs,
+        vec![(100, WcStatus::WrFlushErr), (101, WcStatus::WrFlushErr)]
+    );
+    // Posting in ERR flushes at once, receives too.
+    a.qp.post_recv(&[RecvWr {
+        wr_id: 102,
+        sges: &[],
+    }])
+    .unwrap();
+    a.qp.post_send(&[send_wr(3, SendOp::Send, &[], SendFlags::empty())])
+        .unwrap();
+    sends = net
+        .wait(&a.cq, 2)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        sends,
+        vec![(102, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)]
+    );
+    let _ = &mut b;
+}
+
+fn last_wqe(f: SoftFabric, on: bool) {
+    let o = Opts {
+        srq: true,
+        last_wqe: on,
+        ..Opts::default()
+    };
+    let (a, mut b) = pair(f, &o);
+    assert_eq!(b.ctx.query_device().unwrap().raises_last_wqe_reached, on);
+    let srq = b.srq.clone().unwrap();
+    srq.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 64)],
+    }])
+    .unwrap();
+    let net = Net::new(&[&a.cq, &b.cq]);
+    b.qp.modify_to_err().unwrap();
+    let qpn = b.qp.qp_num();
+    // Absent: a fair while is enough (when raised at all, it is raised at the ERR transition).
+    let d = Duration::from_millis(if on { 5000 } else { 300 });
+    let seen = wait_event_for(&b.ctx, &net, d, |k| {
+        *k == AsyncEventKind::QpLastWqeReached { qp_num: qpn }
+    });
+    assert_eq!(seen, on);
+    // SRQ receives belong to the SRQ: not flushed by the QP's error.
+    assert_eq!(srq.posted(), 1);
+    assert!(net.settle(&b.cq, Duration::from_millis(5)).is_empty());
+}
+
+fn last_wqe_on(f: SoftFabric) {
+    last_wqe(f, true);
+}
+
+fn last_wqe_off(f: SoftFabric) {
+    last_wqe(f, false);
+}
+
+fn rnr_forever(f: SoftFabric) {
+    let o = Opts {
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        ..Opts::default()
+    };
+    let (mut a, mut b) = pair(f, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    a.mr.as_mut_slice()[..2].copy_from_slice(b"r1");
+    a.mr.as_mut_slice()[2..4].copy_from_slice(b"r2");
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::Send,
+        &[a.mr.sge(0, 2)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    // A later WR waits behind the stalled one (RC is in order), even one needing no receive.
+    a.qp.post_send(&[send_wr(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr() + 512,
+            rkey: b.mr.rkey(),
+        },
+        &[a.mr.sge(2, 2)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert!(net.settle(&a.cq, Duration::from_millis(50)).is_empty());
+    assert_ne!(&b.mr.as_slice()[512..514], b"r2");
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 5,
+        sges: &[b.mr.sge(0, 64)],
+    }])
+    .unwrap();
+    let c = net.wait(&a.cq, 2);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success));
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::Success));
+    assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 5);
+    assert_eq!(&b.mr.as_slice()[..2], b"r1");
+    assert_eq!(&b.mr.as_slice()[512..514], b"r2");
+}
+
+fn rnr_retry_exceeded(f: SoftFabric) {
+    let o = Opts {
+        rnr_retry: 2,
+        min_rnr_timer: 1,
+        ..Opts::default()
+    };
+    let (mut a, b) = pair(f, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    a.qp.post_send(&[
+        send_wr(1, SendOp::Send, &[a.mr.sge(0, 2)], SendFlags::empty()),
+        send_wr(2, SendOp::Send, &[a.mr.sge(0, 2)], SendFlags::empty()),
+    ])
+    .unwrap();
+    let c = net.wait(&a.cq, 2);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RnrRetryExcErr));
+    assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+}
+
+fn send_with_inv(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    // b's data buffer whose rkey a will invalidate (the NVMe-oF host's keyed SGL).
+    let data = b.pd.alloc_mr(256, ALL).unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 64)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[
+        send_wr(
+            1,
+            SendOp::RdmaWrite {
+                remote_addr: data.addr(),
+                rkey: data.rkey(),
+            },
+            &[a.mr.sge(0, 16)],
+            SendFlags::SIGNALED,
+        ),
+        send_wr(
+            2,
+            SendOp::SendWithInv { rkey: data.rkey() },
+            &[a.mr.sge(0, 16)],
+            SendFlags::SIGNALED,
+        ),
+    ])
+    .unwrap();
+    let c = net.wait(&a.cq, 2);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    let r = net.wait(&b.cq, 1);
+    assert_eq!(
+        (r[0].status, r[0].invalidated_rkey),
+        (WcStatus::Success, Some(data.rkey()))
+    );
+    // The key no longer works remotely.
+    a.qp.post_send(&[send_wr(
+        3,
+        SendOp::RdmaWrite {
+            remote_addr: data.addr(),
+            rkey: data.rkey(),
+        },
+        &[a.mr.sge(0, 16)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+}
+
+fn depth_limits(f: SoftFabric) {
+    // Send queue: slots are freed only by polled completions (unsignaled WRs by a later
+    // signaled one), as on hardware.
+    let o = Opts {
+        send_wr: 4,
+        recv_wr: 2,
+        ..Opts::default()
+    };
+    let (mut a, mut b) = pair(f, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let w = |id| {
+        send_wr(
+            id,
+            SendOp::RdmaWrite {
+                remote_addr: b.mr.addr(),
+                rkey: b.mr.rkey(),
+            },
+            &[],
+            SendFlags::empty(),
+        )
+    };
+    a.qp.post_send(&[w(0), w(1), w(2)]).unwrap();
+    let mut sig = w(3);
+    sig.flags = SendFlags::SIGNALED;
+    a.qp.post_send(&[sig]).unwrap();
+    let e = a.qp.post_send(&[w(4)]).unwrap_err();
+    assert!(
+        matches!(e.error, crate::TransportError::QueueFull(_)),
+        "{e}"
+    );
+    assert_eq!(net.wait(&a.cq, 1)[0].wr_id, 3);
+    a.qp.post_send(&[w(4), w(5), w(6), w(7)]).unwrap();
+    let e = a.qp.post_send(&[w(8), w(9)]).unwrap_err();
+    assert_eq!(e.failed_index, 0);
+    // Receive queue depth.
+    b.qp.post_recv(&[
+        RecvWr {
+            wr_id: 1,
+            sges: &[],
+        },
+        RecvWr {
+            wr_id: 2,
+            sges: &[],
+        },
+    ])
+    .unwrap();
+    let e =
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 3,
+            sges: &[],
+        }])
+        .unwrap_err();
+    assert!(matches!(e.error, crate::TransportError::QueueFull(_)));
+    // SRQ depth.
+    let srq =
+        b.pd.create_srq(&SrqInit {
+            max_wr: 2,
+            max_sge: 1,
+            limit: 0,
+        })
+        .unwrap();
+    let e = srq
+        .post_recv(&[
+            RecvWr {
+                wr_id: 1,
+                sges: &[],
+            },
+            RecvWr {
+                wr_id: 2,
+                sges: &[],
+            },
+            RecvWr {
+                wr_id: 3,
+                sges: &[],
+            },
+        ])
+        .unwrap_err();
+    assert_eq!(e.failed_index, 2);
+    // Creation beyond device limits.
+    let dev = device_with(f, |c| {
+        c.max_qp = 2;
+        c.max_qp_wr = 8;
+        c.max_cqe = 16;
+        c.max_srq_wr = 8;
+    });
+    let pd = dev.alloc_pd().unwrap();
+    assert!(matches!(
+        dev.create_cq(17, None),
+        Err(crate::TransportError::Limit { .. })
+    ));
+    assert!(matches!(
+        pd.create_srq(&SrqInit {
+            max_wr: 9,
+            max_sge: 1,
+            limit: 0
+        }),
+        Err(crate::TransportError::Limit { .. })
+    ));
+    let cq = dev.create_cq(16, None).unwrap();
+    let init = |wr| QpInit {
+        send_cq: &cq,
+        recv_cq: &cq,
+        srq: None,
+        caps: caps(&Opts {
+            send_wr: wr,
+            recv_wr: 1,
+            ..o
+        }),
+        sq_sig_all: false,
+    };
+    assert!(matches!(
+        pd.create_qp(&init(9)),
+        Err(crate::TransportError::Limit { .. })
+    ));
+    let q1 = pd.create_qp(&init(8)).unwrap();
+    let q2 = pd.create_qp(&init(8)).unwrap();
+    assert!(matches!(
+        pd.create_qp(&init(8)),
+        Err(crate::TransportError::Limit { what: "max_qp", .. })
+    ));
+    drop(q1);
+    let q3 = pd.create_qp(&init(8)).unwrap();
+    assert_ne!(q3.qp_num(), q2.qp_num());
+}
+
+fn unsignaled(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 64)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::Send,
+        &[a.mr.sge(0, 8)],
+        SendFlags::empty(),
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&b.cq, 1)[0].status, WcStatus::Success);
+    assert!(net.settle(&a.cq, Duration::from_millis(20)).is_empty());
+    // sq_sig_all signals everything.
+    let o = Opts::default();
+    let d1 = device(f, true);
+    let d2 = device(f, true);
+    let mut x = side(&d1, &o);
+    let mut y = side(&d2, &o);
+    let all =
+        x.pd.create_qp(&QpInit {
+            send_cq: &x.cq,
+            recv_cq: &x.cq,
+            srq: None,
+            caps: caps(&o),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    x.qp = all;
+    connect(&mut x.qp, &mut y.qp, &o);
+    let net = Net::new(&[&x.cq, &y.cq]);
+    x.qp.post_send(&[send_wr(
+        9,
+        SendOp::RdmaWrite {
+            remote_addr: y.mr.addr(),
+            rkey: y.mr.rkey(),
+        },
+        &[x.mr.sge(0, 8)],
+        SendFlags::empty(),
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&x.cq, 1)[0].wr_id, 9);
+}
+
+fn recv_too_small(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 4)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::Send,
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemInvReqErr);
+    let r = net.wait(&b.cq, 1);
+    assert_eq!((r[0].wr_id, r[0].status), (1, WcStatus::LocLenErr));
+    assert_eq!(b.qp.state(), QpState::Err);
+}
+
+fn thousand_qps_one_cq(f: SoftFabric) {
+    const N: usize = 1000;
+    let o = Opts {
+        send_wr: 4,
+        recv_wr: 4,
+        ..Opts::default()
+    };
+    let ds = device(f, true);
+    let dc = device(f, true);
+    let (spd, cpd) = (ds.alloc_pd().unwrap(), dc.alloc_pd().unwrap());
+    let scq = ds.create_cq(4096, None).unwrap();
+    let ccq = dc.create_cq(4096, None).unwrap();
+    let smr = spd.alloc_mr(N * 8, ALL).unwrap();
+    let cmr = cpd.alloc_mr(8, ALL).unwrap();
+    let init = |pd: &SoftPd, cq: &SoftCq| {
+        pd.create_qp(&QpInit {
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            caps: caps(&o),
+            sq_sig_all: false,
+        })
+        .unwrap()
+    };
+    let mut pairs = Vec::with_capacity(N);
+    for _ in 0..N {
+        let mut s = init(&spd, &scq);
+        let mut c = init(&cpd, &ccq);
+        connect(&mut c, &mut s, &o);
+        pairs.push((c, s));
+    }
+    let mut nums = std::collections::HashSet::new();
+    for (i, (c, s)) in pairs.iter_mut().enumerate() {
+        assert!(nums.insert(s.qp_num()));
+        s.post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sges: &[smr.sge(i * 8, 8)],
+        }])
+        .unwrap();
+        c.post_send(&[send_wr(
+            i as u64,
+            SendOp::Send,
+            &[cmr.sge(0, 8)],
+            SendFlags::SIGNALED,
+        )])
+        .unwrap();
+    }
+    let net = Net::new(&[&scq, &ccq]);
+    let got = net.wait(&scq, N);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success));
+    let by_qp: std::collections::HashSet<u32> = got.iter().map(|c| c.qp_num).collect();
+    if by_qp.len() != N {
+        let mut cnt = std::collections::BTreeMap::<u32, Vec<u64>>::new();
+        for c in &got {
+            cnt.entry(c.qp_num).or_default().push(c.wr_id);
+        }
+        let dup: Vec<_> = cnt.iter().filter(|(_, v)| v.len() > 1).take(5).collect();
+        let nums: Vec<u32> = pairs.iter().take(5).map(|(_, s)| s.qp_num()).collect();
+        panic!("dups {dup:?} nums {nums:?}");
+    }
+    assert_eq!(net.wait(&ccq, N).len(), N);
+}
+
+#[test]
+fn qp_numbers_24bit_unique_not_reused_at_once() {
+    let d = device(SoftFabric::InProcess, true);
+    let o = Opts::default();
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(16, None).unwrap();
+    let mk = || {
+        pd.create_qp(&QpInit {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            caps: caps(&o),
+            sq_sig_all: false,
+        })
+        .unwrap()
+    };
+    let a = mk();
+    let b = mk();
+    assert!(a.qp_num() >= 2 && a.qp_num() <= 0xff_ffff);
+    assert_ne!(a.qp_num(), b.qp_num());
+    let old = a.qp_num();
+    drop(a);
+    let c = mk();
+    assert_ne!(
+        c.qp_num(),
+        old,
+        "a destroyed QP's number is not reused at once"
+    );
+}
+
+#[test]
+fn completion_channel_only_when_armed() {
+    let d = device(SoftFabric::InProcess, true);
+    let ch = d.create_comp_channel().unwrap();
+    let o = Opts::default();
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(16, Some(&ch)).unwrap();
+    let mut a = pd
+        .create_qp(&QpInit {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            caps: caps(&o),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let mut b = side(&d, &o);
+    connect(&mut a, &mut b.qp, &o);
+    let mr = pd.alloc_mr(64, ALL).unwrap();
+    let sg = [mr.sge(0, 8)];
+    let w = send_wr(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        &sg,
+        SendFlags::empty(),
+    );
+    a.post_send(&[w]).unwrap();
+    assert_eq!(ch.get_event().unwrap(), None, "not armed: no channel event");
+    let mut wc = [WorkCompletion::default(); 4];
+    assert_eq!(cq.poll(&mut wc).unwrap(), 1);
+    cq.req_notify(false).unwrap();
+    a.post_send(&[w]).unwrap();
+    // The fd is readable (poll with zero timeout through mio).
+    let mut poll = mio::Poll::new().unwrap();
+    let fd = ch.fd();
+    poll.registry()
+        .register(
+            &mut mio::unix::SourceFd(&fd),
+            mio::Token(0),
+            mio::Interest::READABLE,
+        )
+        .unwrap();
+    let mut ev = mio::Events::with_capacity(4);
+    poll.poll(&mut ev, Some(Duration::from_millis(100)))
+        .unwrap();
+    assert_eq!(ev.iter().count(), 1);
+    assert_eq!(ch.get_event().unwrap(), Some(cq.id()));
+    assert_eq!(ch.get_event().unwrap(), None);
+    // Disarmed again after one event.
+    a.post_send(&[w]).unwrap();
+    assert_eq!(ch.get_event().unwrap(), None);
+}
+
+#[test]
+fn cq_overrun_raises_cq_err() {
+    let d = device(SoftFabric::InProcess, true);
+    let o = Opts {
+        send_wr: 8,
+        ..Opts::default()
+    };
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(2, None).unwrap();
+    let mut a = pd
+        .create_qp(&QpInit {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            caps: caps(&o),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let mut b = side(&d, &o);
+    connect(&mut a, &mut b.qp, &o);
+    let w = send_wr(
+        1,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        &[],
+        SendFlags::empty(),
+    );
+    a.post_send(&[w, w, w]).unwrap();
+    assert!(async_events(&d).contains(&AsyncEventKind::CqErr { cq_id: cq.id() }));
+    assert!(cq.overrun());
+}
+
+#[test]
+fn srq_limit_event_one_shot() {
+    let d = device(SoftFabric::InProcess, true);
+    let o = Opts {
+        srq: true,
+        ..Opts::default()
+    };
+    let (mut a, b) = {
+        let d2 = device(SoftFabric::InProcess, true);
+        let mut a = side(&d2, &Opts::default());
+        let mut b = side(&d, &o);
+        connect(&mut a.qp, &mut b.qp, &o);
+        (a, b)
+    };
+    let srq = b.srq.clone().unwrap();
+    for i in 0..4 {
+        srq.post_recv(&[RecvWr {
+            wr_id: i,
+            sges: &[b.mr.sge(0, 64)],
+        }])
+        .unwrap();
+    }
+    srq.set_limit(3).unwrap();
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let sg = [a.mr.sge(0, 1)];
+    let s = send_wr(1, SendOp::Send, &sg, SendFlags::empty());
+    a.qp.post_send(&[s]).unwrap();
+    assert!(async_events(&d).is_empty(), "3 left: not below the limit");
+    a.qp.post_send(&[s, s]).unwrap();
+    let ev = async_events(&d);
+    assert_eq!(
+        ev,
+        vec![AsyncEventKind::SrqLimitReached { srq_id: srq.id() }]
+    );
+    net.wait(&b.cq, 3);
+}
+
+#[test]
+fn devices_registry() {
+    let list = Soft::devices().unwrap();
+    assert!(!list.is_empty());
+    let cfg = SoftConfig {
+        name: "reg-test".into(),
+        ip: std::net::Ipv4Addr::new(127, 9, 9, 9),
+        ..SoftConfig::default()
+    };
+    let a = Soft::open(&cfg).unwrap();
+    let b = Soft::open(&cfg).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&a.inner, &b.inner));
+    let other = SoftConfig {
+        last_wqe_reached: false,
+        ..cfg
+    };
+    assert!(Soft::open(&other).is_err());
+    assert!(
+        Soft::devices()
+            .unwrap()
+            .iter()
+            .any(|d| d.name == "reg-test" && d.provider == ProviderKind::Soft)
+    );
+    let gids = a.gid_table(1).unwrap();
+    assert_eq!(
+        gids[0].gid.to_ipv4(),
+        Some(std::net::Ipv4Addr::new(127, 9, 9, 9))
+    );
+    assert_eq!(a.query_port(1).unwrap().lid, a.lid());
+}

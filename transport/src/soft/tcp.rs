@@ -1,0 +1,944 @@
+//! The TCP fabric: QPs of soft devices in different processes (or hosts) talk over one TCP
+//! connection per QP pair, carrying RC-like frames, and all progress is driven by polling CQs.
+//!
+//! - Each TCP device listens on `ip:fabric_port` (reported as the port's `lid`). At RTR the QP
+//!   with the smaller (ip, lid, qp_num) connects to the other device's listener and sends a
+//!   HELLO naming both QPs; the device's acceptor thread hands the stream to the named QP.
+//! - Frames: a 32-byte header (type, flags, NAK code, payload length, sequence, address, key,
+//!   immediate) plus payload. Requests: SEND (+IMM / +INV), WRITE (+IMM), READ_REQ. Responses:
+//!   ACK, READ_RESP, NAK (RNR with the responder's timer, remote access, invalid request,
+//!   remote operational, dead responder). A requester completes a WR only when the responder
+//!   acknowledged it, as in RC.
+//! - Go-back-N: after an RNR NAK the responder drops every request until the NAK'd one comes
+//!   back; the requester re-sends from it when the RNR timer expires.
+//! - Progress: every CQ owns a mio `Poll`; the sockets of the QPs attached to it are registered
+//!   (edge-triggered, read until WouldBlock). Polling the CQ polls epoll with a zero timeout and
+//!   runs the ready QPs only, so thousands of idle QPs cost nothing. Writes are non-blocking
+//!   with a per-connection output buffer, flushed on writable readiness.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token};
+
+use super::device::DeviceInner;
+use super::mem;
+use super::qp::{QpShared, Slow, SqEntry, Stall};
+use crate::error::{Result, TransportError};
+use crate::types::*;
+
+const HDR: usize = 32;
+/// Largest payload a frame may carry (a bigger length is a corrupt or hostile stream): the
+/// soft device's largest message.
+const MAX_PAYLOAD: usize = 256 << 20;
+
+const T_HELLO: u8 = 1;
+const T_SEND: u8 = 2;
+const T_SEND_IMM: u8 = 3;
+const T_SEND_INV: u8 = 4;
+const T_WRITE: u8 = 5;
+const T_WRITE_IMM: u8 = 6;
+const T_READ_REQ: u8 = 7;
+const T_READ_RESP: u8 = 8;
+const T_ACK: u8 = 9;
+const T_NAK: u8 = 10;
+
+const F_SOLICITED: u8 = 1;
+
+const NAK_RNR: u16 = 1;
+const NAK_REM_ACCESS: u16 = 2;
+const NAK_REM_INV_REQ: u16 = 3;
+const NAK_REM_OP: u16 = 4;
+const NAK_DEAD: u16 = 5;
+
+#[derive(Clone, Copy, Default, Debug)]
+struct Hdr {
+    ty: u8,
+    flags: u8,
+    code: u16,
+    len: u32,
+    seq: u64,
+    addr: u64,
+    key: u32,
+    imm: u32,
+}
+
+impl Hdr {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.ty);
+        out.push(self.flags);
+        out.extend_from_slice(&self.code.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.addr.to_le_bytes());
+        out.extend_from_slice(&self.key.to_le_bytes());
+        out.extend_from_slice(&self.imm.to_le_bytes());
+    }
+
+    fn decode(b: &[u8]) -> Option<Hdr> {
+        let b: &[u8; HDR] = b.get(..HDR)?.try_into().ok()?;
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| u64::from(u32_at(i)) | u64::from(u32_at(i + 4)) << 32;
+        Some(Hdr {
+            ty: b[0],
+            flags: b[1],
+            code: u16::from_le_bytes([b[2], b[3]]),
+            len: u32_at(4),
+            seq: u64_at(8),
+            addr: u64_at(16),
+            key: u32_at(24),
+            imm: u32_at(28),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device side: the listener and acceptor thread.
+
+pub(crate) struct TcpFabric {
+    port: u16,
+}
+
+impl TcpFabric {
+    pub(crate) fn start(dev: &Arc<DeviceInner>) -> Result<Arc<TcpFabric>> {
+        raise_nofile();
+        let addr = SocketAddr::from((dev.cfg.ip, dev.cfg.fabric_port));
+        let listener = TcpListener::bind(addr).map_err(|e| TransportError::Os {
+            op: "soft TCP fabric bind",
+            source: e,
+        })?;
+        let port = listener.local_addr()?.port();
+        let weak = Arc::downgrade(dev);
+        std::thread::Builder::new()
+            .name(format!("soft-fabric-{}", dev.cfg.name))
+            .stack_size(256 * 1024)
+            .spawn(move || accept_loop(listener, weak))
+            .map_err(|e| TransportError::Os {
+                op: "spawn soft fabric acceptor",
+                source: e,
+            })?;
+        Ok(Arc::new(TcpFabric { port }))
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+/// 1000 QPs over TCP in one process need thousands of fds: lift the soft limit to the hard one.
+fn raise_nofile() {
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::debug!(error = %e, "could not raise RLIMIT_NOFILE");
+    }
+}
+
+fn accept_loop(listener: TcpListener, dev: Weak<DeviceInner>) {
+    for stream in listener.incoming() {
+        let Some(dev) = dev.upgrade() else { return };
+        let Ok(mut stream) = stream else { continue };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = stream.set_nodelay(true);
+        let mut b = [0u8; HDR];
+        if stream.read_exact(&mut b).is_err() {
+            continue;
+        }
+        let Some(h) = Hdr::decode(&b) else { continue };
+        if h.ty != T_HELLO {
+            tracing::debug!(
+                device = dev.name(),
+                "soft fabric: connection without HELLO dropped"
+            );
+            continue;
+        }
+        let (src_qpn, dst_qpn) = (h.addr as u32, h.key);
+        let Some(qp) = dev.qp(dst_qpn) else {
+            tracing::debug!(
+                device = dev.name(),
+                qp = dst_qpn,
+                "soft fabric: HELLO for an unknown QP"
+            );
+            continue;
+        };
+        let expected = qp
+            .remote
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|r| r.qp_num);
+        if expected.is_some_and(|r| r != src_qpn) {
+            tracing::debug!(
+                qp = dst_qpn,
+                from = src_qpn,
+                "soft fabric: HELLO from a QP this one is not connected to"
+            );
+            continue;
+        }
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        let mut g = qp.lock();
+        if let Some(old) = g.conn.take() {
+            close(&qp, old);
+        }
+        g.conn = Some(Conn::new(&qp, mio::net::TcpStream::from_std(stream)));
+        g.reset_budget(&qp);
+        drop(g);
+        kick(&qp);
+    }
+}
+
+/// Make the QP's CQs run its progress on their next poll (data may already be waiting).
+fn kick(qp: &Arc<QpShared>) {
+    // One progress run covers both directions of the connection.
+    qp.send_cq.want_progress(qp);
+}
+
+/// RTR on the TCP fabric: the side with the smaller address connects.
+pub(crate) fn connect_qp(
+    qp: &Arc<QpShared>,
+    ip: Ipv4Addr,
+    port: u16,
+    remote_qpn: u32,
+) -> Result<()> {
+    let me = (u32::from(qp.dev.ip()), qp.dev.lid(), qp.qp_num);
+    let them = (u32::from(ip), port, remote_qpn);
+    if me == them {
+        return Err(TransportError::Unsupported(
+            "a soft TCP QP connected to itself",
+        ));
+    }
+    if me > them {
+        // The peer connects to us; the acceptor attaches the stream.
+        kick(qp);
+        return Ok(());
+    }
+    let addr = SocketAddr::from((ip, port));
+    let mut s =
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| {
+            TransportError::Os {
+                op: "soft fabric connect",
+                source: e,
+            }
+        })?;
+    let _ = s.set_nodelay(true);
+    let mut hello = Vec::with_capacity(HDR);
+    Hdr {
+        ty: T_HELLO,
+        addr: u64::from(qp.qp_num),
+        key: remote_qpn,
+        ..Hdr::default()
+    }
+    .encode(&mut hello);
+    s.write_all(&hello).map_err(|e| TransportError::Os {
+        op: "soft fabric HELLO",
+        source: e,
+    })?;
+    s.set_nonblocking(true)?;
+    let mut g = qp.lock();
+    if let Some(old) = g.conn.take() {
+        close(qp, old);
+    }
+    g.conn = Some(Conn::new(qp, mio::net::TcpStream::from_std(s)));
+    drop(g);
+    kick(qp);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// CQ side: one epoll per CQ.
+
+pub(crate) struct TcpPoller {
+    /// The epoll fd: readable while a socket of this CQ's QPs is ready (idle sleepers watch it).
+    epfd: RawFd,
+    poll: Mutex<(Poll, Events)>,
+    registry: Registry,
+    qps: Mutex<HashMap<u32, Weak<QpShared>>>,
+}
+
+impl TcpPoller {
+    pub(crate) fn new() -> Result<TcpPoller> {
+        let poll = Poll::new().map_err(|e| TransportError::Os {
+            op: "epoll_create",
+            source: e,
+        })?;
+        let registry = poll.registry().try_clone()?;
+        Ok(TcpPoller {
+            epfd: poll.as_raw_fd(),
+            poll: Mutex::new((poll, Events::with_capacity(256))),
+            registry,
+            qps: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.epfd
+    }
+
+    pub(crate) fn attach(&self, qp: &Arc<QpShared>) {
+        self.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qp.qp_num, Arc::downgrade(qp));
+    }
+
+    pub(crate) fn detach(&self, qpn: u32) {
+        self.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn);
+    }
+
+    fn register(&self, fd: RawFd, qpn: u32) {
+        if let Err(e) = self.registry.register(
+            &mut SourceFd(&fd),
+            Token(qpn as usize),
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            tracing::warn!(error = %e, qp = qpn, "soft fabric: epoll register failed");
+        }
+    }
+
+    fn deregister(&self, fd: RawFd) {
+        let _ = self.registry.deregister(&mut SourceFd(&fd));
+    }
+
+    /// Run the QPs whose sockets are ready (zero-timeout epoll).
+    pub(crate) fn poll(&self) {
+        let Ok(mut g) = self.poll.try_lock() else {
+            return;
+        };
+        let (poll, events) = &mut *g;
+        if poll.poll(events, Some(Duration::ZERO)).is_err() {
+            return;
+        }
+        let now = Instant::now();
+        for ev in events.iter() {
+            let qp = self
+                .qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(ev.token().0 as u32))
+                .and_then(Weak::upgrade);
+            if let Some(qp) = qp {
+                if qp.progress(now) {
+                    qp.send_cq.want_progress(&qp);
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The connection of one QP.
+
+pub(crate) struct Conn {
+    stream: mio::net::TcpStream,
+    fd: RawFd,
+    out: Vec<u8>,
+    out_pos: usize,
+    inb: Vec<u8>,
+    in_len: usize,
+    /// Responder: the next request sequence accepted.
+    expect: u64,
+    /// Requester: re-send from this sequence when the RNR timer expires.
+    go_back: Option<u64>,
+    dead: bool,
+}
+
+impl Conn {
+    fn new(qp: &QpShared, stream: mio::net::TcpStream) -> Conn {
+        let fd = stream.as_raw_fd();
+        if let Some(t) = &qp.send_cq.tcp {
+            t.register(fd, qp.qp_num);
+        }
+        if !Arc::ptr_eq(&qp.send_cq, &qp.recv_cq) {
+            if let Some(t) = &qp.recv_cq.tcp {
+                t.register(fd, qp.qp_num);
+            }
+        }
+        Conn {
+            stream,
+            fd,
+            out: Vec::new(),
+            out_pos: 0,
+            inb: vec![0; 64 * 1024],
+            in_len: 0,
+            expect: 0,
+            go_back: None,
+            dead: false,
+        }
+    }
+
+    fn flush(&mut self) {
+        while self.out_pos < self.out.len() {
+            match self.stream.write(&self.out[self.out_pos..]) {
+                Ok(0) => {
+                    self.dead = true;
+                    return;
+                }
+                Ok(n) => self.out_pos += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.dead = true;
+                    return;
+                }
+            }
+        }
+        self.out.clear();
+        self.out_pos = 0;
+    }
+
+    fn ctl(&mut self, ty: u8, seq: u64, code: u16, key: u32) {
+        Hdr {
+            ty,
+            code,
+            seq,
+            key,
+            ..Hdr::default()
+        }
+        .encode(&mut self.out);
+    }
+}
+
+/// Close a QP's connection (reset, destroy, replacement).
+pub(crate) fn close(qp: &QpShared, c: Conn) {
+    if let Some(t) = &qp.send_cq.tcp {
+        t.deregister(c.fd);
+    }
+    if let Some(t) = &qp.recv_cq.tcp {
+        t.deregister(c.fd);
+    }
+    let _ = c.stream.shutdown(std::net::Shutdown::Both);
+}
+
+/// Fault: shut the QP's connection down; both sides see it drop.
+pub(crate) fn drop_connection(qp: &Arc<QpShared>) -> Result<()> {
+    let mut g = qp.lock();
+    let Some(c) = g.conn.as_mut() else {
+        return Err(TransportError::InvalidArgument(format!(
+            "QP {:#x} has no connection",
+            qp.qp_num
+        )));
+    };
+    let _ = c.stream.shutdown(std::net::Shutdown::Both);
+    c.dead = true;
+    lost(qp, &mut g);
+    Ok(())
+}
+
+/// The connection is gone: outstanding WRs fail as when retries are exhausted.
+fn lost(qp: &QpShared, slow: &mut Slow) {
+    if !slow.sq.is_empty() && qp.state() != QpState::Err {
+        qp.fail_head(slow, WcStatus::RetryExcErr);
+    }
+}
+
+/// Post one WR (under the QP lock).
+pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, e: SqEntry) {
+    let dead = slow.conn.as_ref().is_some_and(|c| c.dead);
+    slow.sq.push_back(e);
+    if dead {
+        qp.fail_head(slow, WcStatus::RetryExcErr);
+        return;
+    }
+    if slow.sq.len() == 1 {
+        slow.reset_budget(qp);
+    }
+    let Some(mut conn) = slow.conn.take() else {
+        // The passive side before the peer's connection arrived: sent once it is attached.
+        qp.send_cq.want_progress(qp);
+        return;
+    };
+    if conn.go_back.is_none() {
+        let idx = slow.sq.len() - 1;
+        if let Err(status) = transmit(qp, &mut conn, &mut slow.sq[idx]) {
+            // A local error on the newest WR: RC fails it when reached, which is now.
+            slow.conn = Some(conn);
+            complete_tail_error(qp, slow, status);
+            return;
+        }
+        conn.flush();
+    }
+    slow.conn = Some(conn);
+}
+
+fn complete_tail_error(qp: &QpShared, slow: &mut Slow, status: WcStatus) {
+    if let Some(e) = slow.sq.pop_back() {
+        // Earlier WRs are flushed by the ERR transition; this one carries the error. Keep the
+        // per-QP order: flush the earlier ones first.
+        let mut earlier = std::mem::take(&mut slow.sq);
+        while let Some(x) = earlier.pop_front() {
+            qp.complete_send(x.seq, x.wr_id, &x.op, WcStatus::WrFlushErr, 0, true);
+            slow.recycle(x);
+        }
+        slow.sq = earlier;
+        qp.complete_send(e.seq, e.wr_id, &e.op, status, 0, true);
+        slow.recycle(e);
+    }
+    qp.enter_err_locked(slow);
+}
+
+/// Encode a request frame for `e` into the connection's output buffer.
+fn transmit(qp: &QpShared, conn: &mut Conn, e: &mut SqEntry) -> std::result::Result<(), WcStatus> {
+    let mut h = Hdr {
+        seq: e.seq,
+        flags: if e.solicited { F_SOLICITED } else { 0 },
+        ..Hdr::default()
+    };
+    let mut payload = true;
+    match e.op {
+        SendOp::Send => h.ty = T_SEND,
+        SendOp::SendWithImm { imm } => (h.ty, h.imm) = (T_SEND_IMM, imm),
+        SendOp::SendWithInv { rkey } => (h.ty, h.key) = (T_SEND_INV, rkey),
+        SendOp::RdmaWrite { remote_addr, rkey } => {
+            (h.ty, h.addr, h.key) = (T_WRITE, remote_addr, rkey)
+        }
+        SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => (h.ty, h.addr, h.key, h.imm) = (T_WRITE_IMM, remote_addr, rkey, imm),
+        SendOp::RdmaRead { remote_addr, rkey } => {
+            // Validate the local sink now; it is checked again when the data comes back.
+            let list = mem::resolve_local(&qp.dev.keys, qp.pd, e.sges(), Access::LOCAL_WRITE)
+                .map_err(|_| WcStatus::LocProtErr)?;
+            if list.total() > MAX_PAYLOAD as u64 {
+                return Err(WcStatus::LocLenErr);
+            }
+            (h.ty, h.addr, h.key, h.imm) = (T_READ_REQ, remote_addr, rkey, list.total() as u32);
+            payload = false;
+        }
+    }
+    if payload {
+        let v = e.view();
+        match v.data {
+            super::inproc::Data::Bytes(b) => {
+                h.len = b.len() as u32;
+                h.encode(&mut conn.out);
+                conn.out.extend_from_slice(b);
+            }
+            super::inproc::Data::Sges(sges) => {
+                let list = mem::resolve_local(&qp.dev.keys, qp.pd, sges, Access::empty())
+                    .map_err(|_| WcStatus::LocProtErr)?;
+                let n = list.total() as usize;
+                if n > MAX_PAYLOAD {
+                    return Err(WcStatus::LocLenErr);
+                }
+                h.len = n as u32;
+                h.encode(&mut conn.out);
+                let start = conn.out.len();
+                conn.out.resize(start + n, 0);
+                mem::gather(&list, &mut conn.out[start..]);
+            }
+        }
+    } else {
+        h.encode(&mut conn.out);
+    }
+    e.sent = true;
+    Ok(())
+}
+
+/// Progress one TCP QP (under its lock). Returns whether it wants timer-driven progress.
+pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> bool {
+    let Some(mut conn) = slow.conn.take() else {
+        // Passive side still waiting for the peer's connection: unanswered, as on a wire.
+        if slow.sq.is_empty() || qp.state() != QpState::Rts {
+            return false;
+        }
+        if slow.retry_at.is_some_and(|at| now < at) {
+            return true;
+        }
+        return match qp.stall_accounting(slow, false, 0, now) {
+            Stall::Wait(t) => {
+                slow.retry_at = Some(t);
+                true
+            }
+            Stall::Fail(status) => {
+                qp.fail_head(slow, status);
+                false
+            }
+        };
+    };
+    if conn.dead {
+        slow.conn = Some(conn);
+        return false;
+    }
+    conn.flush();
+    let st = qp.state();
+    if matches!(st, QpState::Rtr | QpState::Rts | QpState::Err) {
+        // Read what is there, handle complete frames.
+        loop {
+            if conn.in_len == conn.inb.len() {
+                // The buffer holds one partial frame: grow to fit it, within the frame limit.
+                let need =
+                    Hdr::decode(&conn.inb[..conn.in_len]).map_or(HDR, |h| HDR + h.len as usize);
+                if need > HDR + MAX_PAYLOAD {
+                    tracing::warn!(
+                        qp = qp.qp_num,
+                        need,
+                        "soft fabric: oversized frame, dropping the connection"
+                    );
+                    conn.dead = true;
+                    break;
+                }
+                conn.inb.resize(need.max(conn.inb.len() + 64 * 1024), 0);
+            }
+            let in_len = conn.in_len;
+            match conn.stream.read(&mut conn.inb[in_len..]) {
+                Ok(0) => {
+                    conn.dead = true;
+                    break;
+                }
+                Ok(n) => conn.in_len += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    conn.dead = true;
+                    break;
+                }
+            }
+            if !handle_frames(qp, slow, &mut conn) {
+                conn.dead = true;
+                break;
+            }
+        }
+    }
+    // RNR timer expired: go back and re-send from the NAK'd request.
+    if let (Some(from), Some(at)) = (conn.go_back, slow.retry_at) {
+        if now >= at && qp.state() == QpState::Rts {
+            conn.go_back = None;
+            slow.retry_at = None;
+            for i in 0..slow.sq.len() {
+                if slow.sq[i].seq >= from {
+                    if let Err(status) = transmit(qp, &mut conn, &mut slow.sq[i]) {
+                        // The data's MR went away meanwhile: fail here, in order.
+                        while slow.sq.front().is_some_and(|e| e.seq < slow.sq[i].seq) {
+                            let Some(x) = slow.sq.pop_front() else { break };
+                            qp.complete_send(x.seq, x.wr_id, &x.op, WcStatus::WrFlushErr, 0, true);
+                            slow.recycle(x);
+                        }
+                        qp.fail_head(slow, status);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    // Requests not on the wire yet (posted before the connection was attached).
+    if conn.go_back.is_none() && qp.state() == QpState::Rts {
+        for i in 0..slow.sq.len() {
+            if !slow.sq[i].sent {
+                if let Err(status) = transmit(qp, &mut conn, &mut slow.sq[i]) {
+                    slow.conn = Some(conn);
+                    qp.fail_head(slow, status);
+                    return false;
+                }
+            }
+        }
+    }
+    conn.flush();
+    let dead = conn.dead;
+    let want = conn.go_back.is_some() || conn.out_pos < conn.out.len();
+    slow.conn = Some(conn);
+    if dead {
+        lost(qp, slow);
+        return false;
+    }
+    want
+}
+
+/// Handle every complete frame in the input buffer. False = protocol violation.
+fn handle_frames(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn) -> bool {
+    let mut pos = 0;
+    let inb = std::mem::take(&mut conn.inb);
+    let ok = loop {
+        let avail = &inb[pos..conn.in_len];
+        let Some(h) = Hdr::decode(avail) else {
+            break true;
+        };
+        let len = h.len as usize;
+        if len > MAX_PAYLOAD {
+            tracing::warn!(
+                qp = qp.qp_num,
+                len,
+                "soft fabric: oversized frame, dropping the connection"
+            );
+            break false;
+        }
+        if avail.len() < HDR + len {
+            break true;
+        }
+        let payload = &avail[HDR..HDR + len];
+        if !handle(qp, slow, conn, &h, payload) {
+            break false;
+        }
+        pos += HDR + len;
+    };
+    conn.inb = inb;
+    // Keep the unparsed tail at the front.
+    conn.inb.copy_within(pos..conn.in_len, 0);
+    conn.in_len -= pos;
+    ok
+}
+
+fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) -> bool {
+    match h.ty {
+        T_SEND | T_SEND_IMM | T_SEND_INV | T_WRITE | T_WRITE_IMM | T_READ_REQ => {
+            respond(qp, slow, conn, h, payload);
+            true
+        }
+        T_ACK => {
+            while let Some(e) = slow.sq.front() {
+                if e.seq > h.seq || !e.sent || matches!(e.op, SendOp::RdmaRead { .. }) {
+                    break;
+                }
+                let Some(e) = slow.sq.pop_front() else { break };
+                let len = e.len() as u32;
+                qp.complete_send(e.seq, e.wr_id, &e.op, WcStatus::Success, len, e.signaled);
+                slow.recycle(e);
+                slow.reset_budget(qp);
+            }
+            true
+        }
+        T_READ_RESP => {
+            let Some(e) = slow.sq.front() else {
+                return true;
+            };
+            if e.seq != h.seq || !matches!(e.op, SendOp::RdmaRead { .. }) {
+                return true;
+            }
+            match mem::resolve_local(&qp.dev.keys, qp.pd, e.sges(), Access::LOCAL_WRITE) {
+                Ok(list) if list.total() >= payload.len() as u64 => {
+                    mem::scatter(&list, payload);
+                }
+                _ => {
+                    qp.fail_head(slow, WcStatus::LocProtErr);
+                    return true;
+                }
+            }
+            if let Some(e) = slow.sq.pop_front() {
+                qp.complete_send(
+                    e.seq,
+                    e.wr_id,
+                    &e.op,
+                    WcStatus::Success,
+                    payload.len() as u32,
+                    e.signaled,
+                );
+                slow.recycle(e);
+                slow.reset_budget(qp);
+            }
+            true
+        }
+        T_NAK => {
+            if slow.sq.front().is_none_or(|e| e.seq != h.seq) || qp.state() == QpState::Err {
+                return true;
+            }
+            let status = match h.code {
+                NAK_RNR => match qp.stall_accounting(slow, true, h.key as u8, Instant::now()) {
+                    Stall::Wait(t) => {
+                        slow.retry_at = Some(t);
+                        conn.go_back = Some(h.seq);
+                        for e in slow.sq.iter_mut() {
+                            e.sent = false;
+                        }
+                        qp.send_cq.want_progress(qp);
+                        return true;
+                    }
+                    Stall::Fail(s) => s,
+                },
+                NAK_REM_ACCESS => WcStatus::RemAccessErr,
+                NAK_REM_INV_REQ => WcStatus::RemInvReqErr,
+                NAK_REM_OP => WcStatus::RemOpErr,
+                _ => WcStatus::RetryExcErr,
+            };
+            qp.fail_head(slow, status);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Responder side of one request.
+fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) {
+    if qp.state() == QpState::Err || !qp.is_live() {
+        conn.ctl(T_NAK, h.seq, NAK_DEAD, 0);
+        return;
+    }
+    if h.seq != conn.expect {
+        // Go-back-N: requests after an RNR NAK'd one are dropped until it comes back.
+        return;
+    }
+    let access_violation = |slow: &mut Slow, conn: &mut Conn| {
+        conn.ctl(T_NAK, h.seq, NAK_REM_ACCESS, 0);
+        qp.dev
+            .raise(AsyncEventKind::QpAccessErr { qp_num: qp.qp_num });
+        qp.enter_err_locked(slow);
+    };
+    let remote_ok = |need: Access| {
+        Access::from_bits_truncate(qp.remote_access.load(Ordering::Acquire)).contains(need)
+    };
+    match h.ty {
+        T_WRITE => {
+            if !payload.is_empty() {
+                if !remote_ok(Access::REMOTE_WRITE) {
+                    return access_violation(slow, conn);
+                }
+                let Ok(r) = qp.dev.keys.lookup(
+                    h.key,
+                    true,
+                    qp.pd,
+                    h.addr,
+                    payload.len() as u64,
+                    Access::REMOTE_WRITE,
+                ) else {
+                    return access_violation(slow, conn);
+                };
+                let mut dst = mem::SgList::new();
+                dst.push(r);
+                mem::scatter(&dst, payload);
+            }
+            conn.expect += 1;
+            conn.ctl(T_ACK, h.seq, 0, 0);
+        }
+        T_READ_REQ => {
+            let len = h.imm as usize;
+            let mut resp = Hdr {
+                ty: T_READ_RESP,
+                seq: h.seq,
+                len: h.imm,
+                ..Hdr::default()
+            };
+            if len > 0 {
+                if !remote_ok(Access::REMOTE_READ) {
+                    return access_violation(slow, conn);
+                }
+                let Ok(r) =
+                    qp.dev
+                        .keys
+                        .lookup(h.key, true, qp.pd, h.addr, len as u64, Access::REMOTE_READ)
+                else {
+                    return access_violation(slow, conn);
+                };
+                let mut src = mem::SgList::new();
+                src.push(r);
+                resp.encode(&mut conn.out);
+                let start = conn.out.len();
+                conn.out.resize(start + len, 0);
+                mem::gather(&src, &mut conn.out[start..]);
+            } else {
+                resp.len = 0;
+                resp.encode(&mut conn.out);
+            }
+            conn.expect += 1;
+        }
+        _ => {
+            qp.in_delivery.fetch_add(1, Ordering::SeqCst);
+            deliver(qp, slow, conn, h, payload);
+            qp.in_delivery.fetch_sub(1, Ordering::SeqCst);
+            qp.maybe_last_wqe();
+        }
+    }
+}
+
+/// An incoming message that consumes a receive.
+fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) {
+    if qp.state() == QpState::Err {
+        conn.ctl(T_NAK, h.seq, NAK_DEAD, 0);
+        return;
+    }
+    let write = h.ty == T_WRITE_IMM;
+    let mut write_dst = mem::SgList::new();
+    if write && !payload.is_empty() {
+        let ok = Access::from_bits_truncate(qp.remote_access.load(Ordering::Acquire))
+            .contains(Access::REMOTE_WRITE);
+        match qp.dev.keys.lookup(
+            h.key,
+            true,
+            qp.pd,
+            h.addr,
+            payload.len() as u64,
+            Access::REMOTE_WRITE,
+        ) {
+            Ok(r) if ok => write_dst.push(r),
+            _ => {
+                conn.ctl(T_NAK, h.seq, NAK_REM_ACCESS, 0);
+                qp.dev
+                    .raise(AsyncEventKind::QpAccessErr { qp_num: qp.qp_num });
+                qp.enter_err_locked(slow);
+                return;
+            }
+        }
+    }
+    let Some(recv) = qp.pop_recv() else {
+        conn.ctl(
+            T_NAK,
+            h.seq,
+            NAK_RNR,
+            u32::from(qp.min_rnr_timer.load(Ordering::Relaxed)),
+        );
+        return;
+    };
+    let src_qp = qp
+        .remote
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .map_or(0, |r| r.qp_num);
+    let fail = |slow: &mut Slow, conn: &mut Conn, status: WcStatus, nak: u16| {
+        qp.complete_recv(
+            WorkCompletion {
+                wr_id: recv.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                src_qp,
+                ..Default::default()
+            },
+            false,
+        );
+        conn.ctl(T_NAK, h.seq, nak, 0);
+        qp.enter_err_locked(slow);
+    };
+    let dst = if write {
+        write_dst
+    } else {
+        match mem::resolve_local(&qp.dev.keys, qp.recv_pd(), recv.sges(), Access::LOCAL_WRITE) {
+            Ok(d) => d,
+            Err(_) => return fail(slow, conn, WcStatus::LocProtErr, NAK_REM_OP),
+        }
+    };
+    if !write && payload.len() as u64 > dst.total() {
+        return fail(slow, conn, WcStatus::LocLenErr, NAK_REM_INV_REQ);
+    }
+    let inv = (h.ty == T_SEND_INV).then_some(h.key);
+    if let Some(rkey) = inv {
+        if !qp.dev.keys.invalidate_rkey(rkey, qp.pd) {
+            return fail(slow, conn, WcStatus::RemInvReqErr, NAK_REM_OP);
+        }
+    }
+    mem::scatter(&dst, payload);
+    qp.complete_recv(
+        WorkCompletion {
+            wr_id: recv.wr_id,
+            status: WcStatus::Success,
+            opcode: if write {
+                WcOpcode::RecvRdmaWithImm
+            } else {
+                WcOpcode::Recv
+            },
+            byte_len: payload.len() as u32,
+            src_qp,
+            imm_data: matches!(h.ty, T_SEND_IMM | T_WRITE_IMM).then_some(h.imm),
+            invalidated_rkey: inv,
+            ..Default::default()
+        },
+        h.flags & F_SOLICITED != 0,
+    );
+    conn.expect += 1;
+    conn.ctl(T_ACK, h.seq, 0, 0);
+}

@@ -1,0 +1,222 @@
+//! Memory regions: registering caller memory or an allocated, page-aligned pool.
+//!
+//! The region owns its memory and deregisters before freeing it, so the device can never DMA
+//! into freed memory.
+
+use std::sync::Arc;
+
+use rdma_sys::*;
+
+use super::pd::{PdInner, VerbsPd};
+use crate::error::{Result, TransportError};
+use crate::provider::MrOps;
+use crate::types::Access;
+
+/// The memory behind a region, owned only to be freed after deregistration.
+#[allow(dead_code, reason = "held for its Drop")]
+enum Backing {
+    Boxed(Box<[u8]>),
+    Mapped(Mapping),
+}
+
+/// An anonymous private mapping: page-aligned and zero-filled by the kernel.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize) -> Result<Mapping> {
+        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(TransportError::last_os("mmap"));
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping was created by `Mapping::new` with this length and is unmapped
+        // once, after deregistration (the MR's Drop runs before its fields drop).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// A registered memory region.
+pub struct VerbsMr {
+    mr: *mut ibv_mr,
+    addr: *mut u8,
+    len: usize,
+    access: Access,
+    // Fields drop after `Drop::drop` deregistered the region: memory first, then the PD.
+    _backing: Backing,
+    _pd: Arc<PdInner>,
+}
+
+// SAFETY: the MR handle is used only by its owner (`&mut self` for writes), and deregistering
+// from another thread is allowed by libibverbs.
+unsafe impl Send for VerbsMr {}
+
+/// verbs refuses REMOTE_WRITE without LOCAL_WRITE with a bare EINVAL: say why.
+pub(crate) fn check_access(access: Access) -> Result<()> {
+    if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+        return Err(TransportError::InvalidArgument(
+            "memory region access REMOTE_WRITE requires LOCAL_WRITE (a verbs rule)".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Access flags in verbs encoding (the bit values are the same).
+pub(crate) fn access_bits(access: Access) -> u32 {
+    let mut b = 0;
+    if access.contains(Access::LOCAL_WRITE) {
+        b |= ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+    }
+    if access.contains(Access::REMOTE_WRITE) {
+        b |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    if access.contains(Access::REMOTE_READ) {
+        b |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+    }
+    b
+}
+
+impl VerbsMr {
+    pub(crate) fn alloc(pd: &VerbsPd, len: usize, access: Access) -> Result<VerbsMr> {
+        if len == 0 {
+            return Err(TransportError::InvalidArgument(
+                "memory region of 0 bytes".into(),
+            ));
+        }
+        check_access(access)?;
+        let map = Mapping::new(len)?;
+        let addr = map.ptr;
+        Self::finish(pd, addr, len, access, Backing::Mapped(map))
+    }
+
+    pub(crate) fn register(pd: &VerbsPd, mut buf: Box<[u8]>, access: Access) -> Result<VerbsMr> {
+        if buf.is_empty() {
+            return Err(TransportError::InvalidArgument(
+                "memory region of 0 bytes".into(),
+            ));
+        }
+        check_access(access)?;
+        let addr = buf.as_mut_ptr();
+        let len = buf.len();
+        Self::finish(pd, addr, len, access, Backing::Boxed(buf))
+    }
+
+    /// Register `addr..addr+len`, owned by `backing` (freed by it on error).
+    fn finish(
+        pd: &VerbsPd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+        backing: Backing,
+    ) -> Result<VerbsMr> {
+        // SAFETY: the PD is live and `addr..addr+len` is memory owned by `backing`, which the
+        // returned region keeps until after it deregisters.
+        let mr = unsafe { ibv_reg_mr(pd.inner.pd, addr.cast(), len, access_bits(access) as i32) };
+        if mr.is_null() {
+            return Err(TransportError::last_os("ibv_reg_mr"));
+        }
+        Ok(VerbsMr {
+            mr,
+            addr,
+            len,
+            access,
+            _backing: backing,
+            _pd: pd.inner.clone(),
+        })
+    }
+}
+
+impl Drop for VerbsMr {
+    fn drop(&mut self) {
+        // SAFETY: `mr` is live and deregistered exactly once, before its memory is freed.
+        let rc = unsafe { ibv_dereg_mr(self.mr) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_dereg_mr failed");
+        }
+    }
+}
+
+impl std::fmt::Debug for VerbsMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsMr")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .finish()
+    }
+}
+
+impl MrOps for VerbsMr {
+    fn addr(&self) -> u64 {
+        self.addr as u64
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn lkey(&self) -> u32 {
+        // SAFETY: `mr` is live while self is.
+        unsafe { (*self.mr).lkey }
+    }
+    fn rkey(&self) -> u32 {
+        // SAFETY: `mr` is live while self is.
+        unsafe { (*self.mr).rkey }
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `addr..addr+len` is owned by this region for its lifetime. The device may
+        // write to it concurrently, as the MrOps contract states.
+        unsafe { std::slice::from_raw_parts(self.addr, self.len) }
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only CPU-side view.
+        unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_mapping() {
+        assert_eq!(access_bits(Access::LOCAL_WRITE), 1);
+        assert_eq!(access_bits(Access::REMOTE_WRITE | Access::LOCAL_WRITE), 3);
+        assert_eq!(access_bits(Access::REMOTE_READ), 4);
+        assert_eq!(access_bits(Access::all()), Access::all().bits());
+        assert!(check_access(Access::REMOTE_WRITE).is_err());
+        assert!(check_access(Access::REMOTE_WRITE | Access::LOCAL_WRITE).is_ok());
+        assert!(check_access(Access::REMOTE_READ).is_ok());
+    }
+
+    #[test]
+    fn mapping_is_page_aligned_and_zeroed() {
+        let m = Mapping::new(10_000).unwrap();
+        assert_eq!(m.ptr as usize % 4096, 0);
+        // SAFETY: the mapping is live and 10_000 bytes long.
+        let s = unsafe { std::slice::from_raw_parts(m.ptr, m.len) };
+        assert!(s.iter().all(|&b| b == 0));
+    }
+}

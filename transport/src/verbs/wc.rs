@@ -1,0 +1,183 @@
+//! Work completions: `ibv_wc` to the provider-neutral `WorkCompletion`.
+
+use rdma_sys::*;
+
+use crate::types::{WcOpcode, WcStatus, WorkCompletion};
+
+pub(crate) fn status_from(s: ibv_wc_status::Type) -> WcStatus {
+    use ibv_wc_status::*;
+    match s {
+        IBV_WC_SUCCESS => WcStatus::Success,
+        IBV_WC_LOC_LEN_ERR => WcStatus::LocLenErr,
+        IBV_WC_LOC_QP_OP_ERR => WcStatus::LocQpOpErr,
+        IBV_WC_LOC_EEC_OP_ERR => WcStatus::LocEecOpErr,
+        IBV_WC_LOC_PROT_ERR => WcStatus::LocProtErr,
+        IBV_WC_WR_FLUSH_ERR => WcStatus::WrFlushErr,
+        IBV_WC_MW_BIND_ERR => WcStatus::MwBindErr,
+        IBV_WC_BAD_RESP_ERR => WcStatus::BadRespErr,
+        IBV_WC_LOC_ACCESS_ERR => WcStatus::LocAccessErr,
+        IBV_WC_REM_INV_REQ_ERR => WcStatus::RemInvReqErr,
+        IBV_WC_REM_ACCESS_ERR => WcStatus::RemAccessErr,
+        IBV_WC_REM_OP_ERR => WcStatus::RemOpErr,
+        IBV_WC_RETRY_EXC_ERR => WcStatus::RetryExcErr,
+        IBV_WC_RNR_RETRY_EXC_ERR => WcStatus::RnrRetryExcErr,
+        IBV_WC_LOC_RDD_VIOL_ERR => WcStatus::LocRddViolErr,
+        IBV_WC_REM_INV_RD_REQ_ERR => WcStatus::RemInvRdReqErr,
+        IBV_WC_REM_ABORT_ERR => WcStatus::RemAbortErr,
+        IBV_WC_INV_EECN_ERR => WcStatus::InvEecnErr,
+        IBV_WC_INV_EEC_STATE_ERR => WcStatus::InvEecStateErr,
+        IBV_WC_FATAL_ERR => WcStatus::FatalErr,
+        IBV_WC_RESP_TIMEOUT_ERR => WcStatus::RespTimeoutErr,
+        // IBV_WC_GENERAL_ERR and anything newer than this code
+        _ => WcStatus::GeneralErr,
+    }
+}
+
+/// The opcode; meaningful only on success. Codes we do not model (TSO, newer ones) read as
+/// `Send`, since they can only be send-side completions of features this crate never posts.
+pub(crate) fn opcode_from(o: ibv_wc_opcode::Type) -> WcOpcode {
+    use ibv_wc_opcode::*;
+    match o {
+        IBV_WC_SEND => WcOpcode::Send,
+        IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
+        IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
+        IBV_WC_COMP_SWAP => WcOpcode::CompSwap,
+        IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
+        IBV_WC_BIND_MW => WcOpcode::BindMw,
+        IBV_WC_LOCAL_INV => WcOpcode::LocalInv,
+        IBV_WC_RECV => WcOpcode::Recv,
+        IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
+        _ => WcOpcode::Send,
+    }
+}
+
+/// Convert one completion. Immediate data arrives in network order; the invalidated rkey in
+/// host order (both share one union, told apart by `wc_flags`).
+pub(crate) fn convert(wc: &ibv_wc) -> WorkCompletion {
+    // SAFETY: both union members are u32: any bit pattern is valid for either.
+    let raw = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
+    let flags = wc.wc_flags;
+    let ok = wc.status == ibv_wc_status::IBV_WC_SUCCESS;
+    let with_imm = ok && flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+    let with_inv = ok && flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0;
+    WorkCompletion {
+        wr_id: wc.wr_id,
+        status: status_from(wc.status),
+        opcode: opcode_from(wc.opcode),
+        vendor_err: wc.vendor_err,
+        byte_len: wc.byte_len,
+        qp_num: wc.qp_num,
+        src_qp: wc.src_qp,
+        imm_data: with_imm.then(|| u32::from_be(raw)),
+        invalidated_rkey: with_inv.then_some(raw),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc() -> ibv_wc {
+        // SAFETY: ibv_wc is plain C data; all-zero is valid.
+        unsafe { std::mem::zeroed() }
+    }
+
+    #[test]
+    fn status_mapping_covers_every_code() {
+        use ibv_wc_status::*;
+        let all = [
+            (IBV_WC_SUCCESS, WcStatus::Success),
+            (IBV_WC_LOC_LEN_ERR, WcStatus::LocLenErr),
+            (IBV_WC_LOC_QP_OP_ERR, WcStatus::LocQpOpErr),
+            (IBV_WC_LOC_EEC_OP_ERR, WcStatus::LocEecOpErr),
+            (IBV_WC_LOC_PROT_ERR, WcStatus::LocProtErr),
+            (IBV_WC_WR_FLUSH_ERR, WcStatus::WrFlushErr),
+            (IBV_WC_MW_BIND_ERR, WcStatus::MwBindErr),
+            (IBV_WC_BAD_RESP_ERR, WcStatus::BadRespErr),
+            (IBV_WC_LOC_ACCESS_ERR, WcStatus::LocAccessErr),
+            (IBV_WC_REM_INV_REQ_ERR, WcStatus::RemInvReqErr),
+            (IBV_WC_REM_ACCESS_ERR, WcStatus::RemAccessErr),
+            (IBV_WC_REM_OP_ERR, WcStatus::RemOpErr),
+            (IBV_WC_RETRY_EXC_ERR, WcStatus::RetryExcErr),
+            (IBV_WC_RNR_RETRY_EXC_ERR, WcStatus::RnrRetryExcErr),
+            (IBV_WC_LOC_RDD_VIOL_ERR, WcStatus::LocRddViolErr),
+            (IBV_WC_REM_INV_RD_REQ_ERR, WcStatus::RemInvRdReqErr),
+            (IBV_WC_REM_ABORT_ERR, WcStatus::RemAbortErr),
+            (IBV_WC_INV_EECN_ERR, WcStatus::InvEecnErr),
+            (IBV_WC_INV_EEC_STATE_ERR, WcStatus::InvEecStateErr),
+            (IBV_WC_FATAL_ERR, WcStatus::FatalErr),
+            (IBV_WC_RESP_TIMEOUT_ERR, WcStatus::RespTimeoutErr),
+            (IBV_WC_GENERAL_ERR, WcStatus::GeneralErr),
+        ];
+        for (code, want) in all {
+            assert_eq!(status_from(code), want, "code {code}");
+        }
+        assert_eq!(status_from(1000), WcStatus::GeneralErr);
+        // the codes are the verbs numbering 0..=21
+        assert_eq!(IBV_WC_REM_ACCESS_ERR, 10);
+        assert_eq!(IBV_WC_WR_FLUSH_ERR, 5);
+    }
+
+    #[test]
+    fn opcode_mapping() {
+        use ibv_wc_opcode::*;
+        assert_eq!(opcode_from(IBV_WC_SEND), WcOpcode::Send);
+        assert_eq!(opcode_from(IBV_WC_RDMA_WRITE), WcOpcode::RdmaWrite);
+        assert_eq!(opcode_from(IBV_WC_RDMA_READ), WcOpcode::RdmaRead);
+        assert_eq!(opcode_from(IBV_WC_COMP_SWAP), WcOpcode::CompSwap);
+        assert_eq!(opcode_from(IBV_WC_FETCH_ADD), WcOpcode::FetchAdd);
+        assert_eq!(opcode_from(IBV_WC_BIND_MW), WcOpcode::BindMw);
+        assert_eq!(opcode_from(IBV_WC_LOCAL_INV), WcOpcode::LocalInv);
+        assert_eq!(opcode_from(IBV_WC_RECV), WcOpcode::Recv);
+        assert_eq!(
+            opcode_from(IBV_WC_RECV_RDMA_WITH_IMM),
+            WcOpcode::RecvRdmaWithImm
+        );
+        assert_eq!(IBV_WC_RECV, 128);
+    }
+
+    #[test]
+    fn immediate_is_converted_from_network_order() {
+        let mut w = wc();
+        w.wr_id = u64::MAX - 1;
+        w.opcode = ibv_wc_opcode::IBV_WC_RECV;
+        w.byte_len = 4096;
+        w.qp_num = 0x11;
+        w.src_qp = 0x22;
+        w.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        w.imm_data_invalidated_rkey_union.imm_data = 0xdead_beefu32.to_be();
+        let c = convert(&w);
+        assert_eq!(c.wr_id, u64::MAX - 1);
+        assert_eq!(c.status, WcStatus::Success);
+        assert_eq!(c.opcode, WcOpcode::Recv);
+        assert_eq!((c.byte_len, c.qp_num, c.src_qp), (4096, 0x11, 0x22));
+        assert_eq!(c.imm_data, Some(0xdead_beef));
+        assert_eq!(c.invalidated_rkey, None);
+    }
+
+    #[test]
+    fn invalidated_rkey_is_host_order() {
+        let mut w = wc();
+        w.opcode = ibv_wc_opcode::IBV_WC_RECV;
+        w.wc_flags = ibv_wc_flags::IBV_WC_WITH_INV.0;
+        w.imm_data_invalidated_rkey_union.invalidated_rkey = 0x1234;
+        let c = convert(&w);
+        assert_eq!(c.invalidated_rkey, Some(0x1234));
+        assert_eq!(c.imm_data, None);
+    }
+
+    #[test]
+    fn error_completion_has_no_extras() {
+        let mut w = wc();
+        w.wr_id = 7;
+        w.status = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+        w.opcode = 0x5555; // undefined on error
+        w.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
+        w.vendor_err = 0x81;
+        let c = convert(&w);
+        assert_eq!(c.status, WcStatus::WrFlushErr);
+        assert_eq!(c.vendor_err, 0x81);
+        assert_eq!(c.imm_data, None);
+        assert_eq!(c.wr_id, 7);
+    }
+}
