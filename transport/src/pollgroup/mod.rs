@@ -26,7 +26,9 @@ use std::time::Duration;
 use intrusive_collections::RBTree;
 use slab::Slab;
 
-use crate::device::{Context, Cq, Pd, Srq};
+use std::os::fd::RawFd;
+
+use crate::device::{CompChannel, Context, Cq, Pd, Srq};
 use crate::error::{Result, TransportError};
 use crate::types::{SrqInit, WorkCompletion};
 
@@ -145,6 +147,7 @@ pub struct PollGroup<R = ()> {
     cfg: PollGroupConfig,
     ctx: Context,
     pd: Pd,
+    channel: CompChannel,
     cq: Cq,
     srq: Srq,
     raises_last_wqe: bool,
@@ -159,8 +162,9 @@ pub struct PollGroup<R = ()> {
     dirty: Vec<u32>,
     /// Qpairs draining.
     draining: Vec<u32>,
-    /// Completions made up for WRs that never reached a QP (a failed post), handled next poll.
-    synthetic: Vec<WorkCompletion>,
+    /// Completions to handle first in the next poll: made up for WRs that never reached a QP
+    /// (a failed post, completed in error like a flush), or reaped by `arm`'s re-check.
+    carried: std::collections::VecDeque<WorkCompletion>,
     stats: PollGroupStats,
 }
 
@@ -183,7 +187,8 @@ impl<R> PollGroup<R> {
                 max: attr.max_cqe as u64,
             });
         }
-        let cq = ctx.create_cq(cq_depth, None)?;
+        let channel = ctx.create_comp_channel()?;
+        let cq = ctx.create_cq(cq_depth, Some(&channel))?;
         let srq = pd.create_srq(&SrqInit {
             max_wr: cfg.srq_depth,
             max_sge: 1,
@@ -194,6 +199,7 @@ impl<R> PollGroup<R> {
         let mut pg = PollGroup {
             ctx: ctx.clone(),
             pd: pd.clone(),
+            channel,
             cq,
             srq,
             raises_last_wqe: attr.raises_last_wqe_reached,
@@ -205,7 +211,9 @@ impl<R> PollGroup<R> {
             waiting: std::collections::VecDeque::with_capacity(cfg.max_qpairs as usize),
             dirty: Vec::with_capacity(cfg.max_qpairs as usize),
             draining: Vec::with_capacity(cfg.max_qpairs as usize),
-            synthetic: Vec::with_capacity((cfg.max_requests * MAX_CHAIN + cfg.max_qpairs) as usize),
+            carried: std::collections::VecDeque::with_capacity(
+                (cfg.max_requests * MAX_CHAIN + cfg.max_qpairs) as usize,
+            ),
             stats: PollGroupStats::default(),
             cfg,
         };
@@ -230,6 +238,37 @@ impl<R> PollGroup<R> {
     }
     pub fn srq(&self) -> &Srq {
         &self.srq
+    }
+
+    /// Before sleeping: arm the CQ and say which fds wake this group (the completion channel,
+    /// plus the provider's progress fd where completions are made by polling). Returns None
+    /// when work arrived meanwhile (the caller must poll instead of sleeping): a completion
+    /// that lands between the last poll and the arming would otherwise be slept through.
+    pub fn arm(&mut self) -> Result<Option<[Option<RawFd>; 2]>> {
+        self.cq.req_notify(false)?;
+        if self.recv.queued() > 0
+            || !self.dirty.is_empty()
+            || !self.carried.is_empty()
+            || !self.draining.is_empty()
+        {
+            return Ok(None);
+        }
+        // Re-check after arming: anything already in the CQ will not signal the channel.
+        let mut probe = [WorkCompletion::default(); 1];
+        if self.cq.poll(&mut probe)? > 0 {
+            self.carried.push_back(probe[0]);
+            return Ok(None);
+        }
+        Ok(Some([Some(self.channel.fd()), self.cq.progress_fd()]))
+    }
+
+    /// After waking: consume the completion channel's events (each arming yields at most one).
+    pub fn ack_wakeups(&mut self) -> Result<u32> {
+        let mut n = 0;
+        while self.channel.get_event()?.is_some() {
+            n += 1;
+        }
+        Ok(n)
     }
     pub fn stats(&self) -> PollGroupStats {
         self.stats

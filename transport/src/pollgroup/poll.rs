@@ -26,9 +26,9 @@ impl<R: Default> PollGroup<R> {
     pub fn poll<H: Handler<R>>(&mut self, h: &mut H) -> Result<usize> {
         let mut wcs = [WorkCompletion::default(); MAX_BATCH];
         let mut n = 0;
-        // Completions made up for WRs whose post failed come first.
+        // Completions carried over (failed posts, arm's re-check) come first.
         while n < self.cfg.batch {
-            match self.synthetic.pop() {
+            match self.carried.pop_front() {
                 Some(wc) => {
                     wcs[n] = wc;
                     n += 1;
@@ -253,7 +253,7 @@ impl<R: Default> PollGroup<R> {
             });
             // WRs that never reached the QP complete in error next poll, like a flush would.
             for wr_id in failed.unwrap_or_default() {
-                self.synthetic.push(WorkCompletion {
+                self.carried.push_back(WorkCompletion {
                     wr_id,
                     status: WcStatus::GeneralErr,
                     qp_num,
