@@ -4,3 +4,8 @@
 //! the per-request state machine (new -> need buffer -> RDMA READ -> execute -> RDMA WRITE +
 //! SEND -> done), block devices (null, malloc, file via io_uring), subsystems with host
 //! allow-lists, the discovery subsystem, and the nvmf-tgt daemon (config, signals, drain, stats).
+//!
+//! Built so far: [`rdma`], the RDMA transport side (per-core poll groups on reactors, the
+//! acceptor thread, connection placement and event routing).
+
+pub mod rdma;

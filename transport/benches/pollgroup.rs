@@ -169,15 +169,24 @@ fn poll_ns(b: &mut Bench, total: usize, respond: bool) -> f64 {
     let mut in_poll = Duration::ZERO;
     let mut handled = 0usize;
     let mut sent = 0usize;
-    let chunk = 512.min(total);
+    // Each host QP has a 256-entry send queue, freed as its completions are reaped per chunk.
+    let chunk = 512.min(total).min(128 * b.hosts.len());
     while sent < total {
         for k in 0..chunk {
             let i = order[(sent + k) % order.len()] as usize;
-            let flags = if (sent + k) % 64 == 63 {
-                SendFlags::SIGNALED | SendFlags::INLINE
-            } else {
-                SendFlags::INLINE
-            };
+            if respond {
+                // Room for the answer, or it waits on RNR forever.
+                let rsge = b.host_mr.sge(2048, 64);
+                b.hosts[i]
+                    .post_recv(&[RecvWr {
+                        wr_id: u64::MAX,
+                        sges: &[rsge],
+                    }])
+                    .unwrap();
+            }
+            // Every host send signaled: a QP's unsignaled sends retire only behind a signaled one
+            // of its own (the host side is not what is measured).
+            let flags = SendFlags::SIGNALED | SendFlags::INLINE;
             b.hosts[i]
                 .post_send(&[SendWr {
                     wr_id: i as u64,
@@ -190,8 +199,16 @@ fn poll_ns(b: &mut Bench, total: usize, respond: bool) -> f64 {
         sent += chunk;
         let want = b.pg.stats().capsules as usize + chunk;
         let t = Instant::now();
+        let deadline = Instant::now() + Duration::from_secs(30);
         while (b.pg.stats().capsules as usize) < want || b.pg.requests_in_use() > 0 {
             handled += b.pg.poll(&mut h).unwrap();
+            if Instant::now() > deadline {
+                panic!(
+                    "stalled: want {want} capsules, stats {:?}, requests {}",
+                    b.pg.stats(),
+                    b.pg.requests_in_use()
+                );
+            }
         }
         in_poll += t.elapsed();
         while b.host_cq.poll(&mut wc).unwrap() > 0 {}

@@ -109,6 +109,17 @@ impl CmChannel {
     }
 }
 
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmId")
+            .field("provider", &self.kind())
+            .field("token", &self.token())
+            .field("local", &self.local_addr())
+            .field("peer", &self.peer_addr())
+            .finish()
+    }
+}
+
 impl CmId {
     pub fn token(&self) -> u64 {
         dispatch!(self, i => i.token())

@@ -21,6 +21,15 @@ use super::qpair::{Drain, DrainReason, Qpair, QpairPhase};
 use super::request::Handler;
 use super::wrid::{self, WrKind};
 
+/// `add_cm_qpair` failed; the id is handed back for a reject.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct AddQpairError {
+    #[source]
+    pub error: TransportError,
+    pub id: CmId,
+}
+
 /// What the layer above hears about a qpair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QpairEvent {
@@ -45,7 +54,8 @@ impl<R: Default> PollGroup<R> {
         }
     }
 
-    fn check_room(&self, depth: u32) -> Result<()> {
+    /// Whether a qpair of `depth` fits in this group now.
+    pub fn check_room(&self, depth: u32) -> Result<()> {
         if depth == 0 || depth > self.cfg.max_queue_depth {
             return Err(TransportError::InvalidArgument(format!(
                 "queue depth {depth} outside 1..={}",
@@ -78,6 +88,12 @@ impl<R: Default> PollGroup<R> {
         Ok(qp)
     }
 
+    fn insert(&mut self, q: Box<Qpair>) {
+        self.tree.insert(q);
+        self.qpairs += 1;
+        self.stats.qpairs_added += 1;
+    }
+
     fn note_inline(&mut self, qp: &Qp) {
         let granted = qp.caps().max_inline_data;
         self.max_inline = if self.qpair_count() == 0 {
@@ -98,17 +114,24 @@ impl<R: Default> PollGroup<R> {
         }
         let q = Qpair::new(qp, None, depth, self.cfg.max_send_wr(), token);
         q.st.borrow_mut().phase = QpairPhase::Active;
-        self.tree.insert(q);
-        self.stats.qpairs_added += 1;
+        self.insert(q);
         Ok(qp_num)
     }
 
     /// Creates the QP of a CM connection on this group's CQ and SRQ and takes it into the tree
     /// (connecting). The caller then `accept`s (server) or `connect`s (client) through the group.
-    pub fn add_cm_qpair(&mut self, mut id: CmId, depth: u32, token: u64) -> Result<u32> {
-        self.check_room(depth)?;
+    /// On failure the id comes back, so the caller can still reject with its own private data.
+    pub fn add_cm_qpair(
+        &mut self,
+        mut id: CmId,
+        depth: u32,
+        token: u64,
+    ) -> Result<u32, AddQpairError> {
+        if let Err(error) = self.check_room(depth) {
+            return Err(AddQpairError { error, id });
+        }
         let caps = self.qp_caps();
-        let qp = id.create_qp(
+        let qp = match id.create_qp(
             &self.pd,
             &QpInitAttr {
                 send_cq: &self.cq,
@@ -117,18 +140,20 @@ impl<R: Default> PollGroup<R> {
                 caps,
                 sq_sig_all: false,
             },
-        )?;
+        ) {
+            Ok(qp) => qp,
+            Err(error) => return Err(AddQpairError { error, id }),
+        };
         self.note_inline(&qp);
         let qp_num = qp.qp_num();
         id.set_token(token);
-        self.tree.insert(Qpair::new(
+        self.insert(Qpair::new(
             qp,
             Some(id),
             depth,
             self.cfg.max_send_wr(),
             token,
         ));
-        self.stats.qpairs_added += 1;
         Ok(qp_num)
     }
 
@@ -282,6 +307,7 @@ impl<R: Default> PollGroup<R> {
         let Some(q) = self.tree.find_mut(&qp_num).remove() else {
             return;
         };
+        self.qpairs -= 1;
         // 2. Requests still alive: the handler hears, then they are freed (buffers, slots).
         self.abort_requests(h, qp_num);
         let mut st = q.st.into_inner();

@@ -32,7 +32,7 @@ use crate::device::{CompChannel, Context, Cq, Pd, Srq};
 use crate::error::{Result, TransportError};
 use crate::types::{SrqInit, WorkCompletion};
 
-pub use lifecycle::QpairEvent;
+pub use lifecycle::{AddQpairError, QpairEvent};
 pub use placement::{Placement, PlacementPolicy};
 pub use qpair::{DrainReason, MAX_WR_SGES, QpairPhase};
 pub use request::{ChainWr, Handler, ReqId, Request};
@@ -156,6 +156,8 @@ pub struct PollGroup<R = ()> {
     bufs: DataBuffers,
     reqs: Slab<Request<R>>,
     tree: RBTree<QpairAdapter>,
+    /// Qpairs in the tree.
+    qpairs: usize,
     /// Qpairs with capsules waiting for a request object, oldest first.
     waiting: std::collections::VecDeque<u32>,
     /// Qpairs with WRs queued this poll.
@@ -208,6 +210,7 @@ impl<R> PollGroup<R> {
             bufs,
             reqs: Slab::with_capacity(cfg.max_requests as usize),
             tree: RBTree::new(QpairAdapter::new()),
+            qpairs: 0,
             waiting: std::collections::VecDeque::with_capacity(cfg.max_qpairs as usize),
             dirty: Vec::with_capacity(cfg.max_qpairs as usize),
             draining: Vec::with_capacity(cfg.max_qpairs as usize),
@@ -280,7 +283,12 @@ impl<R> PollGroup<R> {
 
     /// Qpairs in the tree (connecting, active or draining).
     pub fn qpair_count(&self) -> usize {
-        self.tree.iter().count()
+        self.qpairs
+    }
+
+    /// The qp_nums in this group, in tree order (control path: for shutdown and listings).
+    pub fn qpair_nums(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tree.iter().map(|q| q.qp_num)
     }
 
     /// Receive slots currently posted on the SRQ.
