@@ -148,6 +148,8 @@ pub(crate) struct Slow {
     pub(crate) rnr_left: u8,
     pub(crate) retry_left: u8,
     pub(crate) conn: Option<Conn>,
+    /// TCP passive side: since when a posted WR has waited for the peer's data connection.
+    pub(crate) conn_wait_since: Option<Instant>,
 }
 
 impl Slow {
@@ -572,6 +574,12 @@ impl QpShared {
             SoftFabric::Tcp => tcp::connect_qp(self, ip, attr.remote.lid, attr.remote.qp_num)?,
         }
         self.set_state(QpState::Rtr);
+        if self.fabric == SoftFabric::Tcp {
+            // Input is read only from RTR on: a progress run before this point (another thread
+            // polling the CQ) may have used up the socket's edge-triggered readiness without
+            // reading, so run it once more now that requests are accepted.
+            self.send_cq.want_progress(self);
+        }
         Ok(())
     }
 
@@ -733,6 +741,7 @@ impl SoftQp {
                 sq: VecDeque::new(),
                 pool: Vec::new(),
                 retry_at: None,
+                conn_wait_since: None,
                 rnr_left: 7,
                 retry_left: 7,
                 conn: None,

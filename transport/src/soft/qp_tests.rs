@@ -1075,3 +1075,53 @@ fn devices_registry() {
     );
     assert_eq!(a.query_port(1).unwrap().lid, a.lid());
 }
+
+/// Regression: on TCP, WRs posted before the QP's connection is attached (the passive side
+/// waits for the device acceptor to hand it over) wait in the send queue unsent. A WR posted
+/// once the connection is there must not overtake them on the wire: the responder accepts
+/// only the next sequence and drops the rest, so an overtaking request was lost for good and
+/// its requester waited forever. The acceptor's timing is simulated by holding the connection
+/// back across the first post.
+#[test]
+fn tcp_post_after_late_connection_keeps_order() {
+    let (mut a, mut b) = pair(SoftFabric::Tcp, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    for i in 0..3u64 {
+        b.qp.post_recv(&[RecvWr {
+            wr_id: i,
+            sges: &[b.mr.sge(i as usize * 64, 64)],
+        }])
+        .unwrap();
+    }
+    a.mr.as_mut_slice()[..3].copy_from_slice(b"xyz");
+    let held = a.qp.sh.lock().conn.take();
+    assert!(held.is_some(), "the active side connects at RTR");
+    a.qp.post_send(&[send_wr(
+        0,
+        SendOp::Send,
+        &[a.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    a.qp.sh.lock().conn = held;
+    a.qp.post_send(&[
+        send_wr(1, SendOp::Send, &[a.mr.sge(1, 1)], SendFlags::SIGNALED),
+        send_wr(2, SendOp::Send, &[a.mr.sge(2, 1)], SendFlags::SIGNALED),
+    ])
+    .unwrap();
+    let got = net.settle(&a.cq, Duration::from_millis(300));
+    let ids: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
+    assert_eq!(
+        ids,
+        [0, 1, 2].map(|i| (i, WcStatus::Success)),
+        "every send completes, in order"
+    );
+    let r = net.wait(&b.cq, 3);
+    for (i, c) in r.iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (i as u64, WcStatus::Success, 1)
+        );
+        assert_eq!(b.mr.as_slice()[i * 64], b"xyz"[i]);
+    }
+}

@@ -16,7 +16,7 @@
 //!   runs the ready QPs only, so thousands of idle QPs cost nothing. Writes are non-blocking
 //!   with a per-connection output buffer, flushed on writable readiness.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
@@ -456,32 +456,43 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, e: SqEntry) {
         return;
     };
     if conn.go_back.is_none() {
-        let idx = slow.sq.len() - 1;
-        if let Err(status) = transmit(qp, &mut conn, &mut slow.sq[idx]) {
-            // A local error on the newest WR: RC fails it when reached, which is now.
-            slow.conn = Some(conn);
-            complete_tail_error(qp, slow, status);
-            return;
+        // Not just the new WR: earlier ones may still wait unsent (posted before the acceptor
+        // attached the connection) and must go first.
+        if let Err((i, status)) = transmit_pending(qp, &mut conn, &mut slow.sq) {
+            fail_at(qp, slow, i, status);
         }
         conn.flush();
     }
     slow.conn = Some(conn);
 }
 
-fn complete_tail_error(qp: &QpShared, slow: &mut Slow, status: WcStatus) {
-    if let Some(e) = slow.sq.pop_back() {
-        // Earlier WRs are flushed by the ERR transition; this one carries the error. Keep the
-        // per-QP order: flush the earlier ones first.
-        let mut earlier = std::mem::take(&mut slow.sq);
-        while let Some(x) = earlier.pop_front() {
-            qp.complete_send(x.seq, x.wr_id, &x.op, WcStatus::WrFlushErr, 0, true);
-            slow.recycle(x);
-        }
-        slow.sq = earlier;
-        qp.complete_send(e.seq, e.wr_id, &e.op, status, 0, true);
-        slow.recycle(e);
+/// Put the requests that are not on the wire yet onto it, oldest first. They always form the
+/// tail of the send queue (posted while there was no connection, or rewound by a go-back), and
+/// must leave in sequence order: the responder accepts only the next sequence and silently
+/// drops any other, and a requester on a connected TCP fabric never times out, so a request
+/// that overtook an unsent one would be lost for good. Err: the index that failed locally.
+fn transmit_pending(
+    qp: &QpShared,
+    conn: &mut Conn,
+    sq: &mut VecDeque<SqEntry>,
+) -> std::result::Result<(), (usize, WcStatus)> {
+    let first = sq.iter().rposition(|e| e.sent).map_or(0, |i| i + 1);
+    for (i, e) in sq.iter_mut().enumerate().skip(first) {
+        transmit(qp, conn, e).map_err(|status| (i, status))?;
     }
-    qp.enter_err_locked(slow);
+    Ok(())
+}
+
+/// WR `i` of the send queue failed locally when it was reached: RC order says the ones before
+/// it are reported first (flushed, as the QP goes to ERR), then it carries the error, then the
+/// ERR transition flushes the rest.
+fn fail_at(qp: &QpShared, slow: &mut Slow, i: usize, status: WcStatus) {
+    for _ in 0..i {
+        let Some(x) = slow.sq.pop_front() else { break };
+        qp.complete_send(x.seq, x.wr_id, &x.op, WcStatus::WrFlushErr, 0, true);
+        slow.recycle(x);
+    }
+    qp.fail_head(slow, status);
 }
 
 /// Encode a request frame for `e` into the connection's output buffer.
@@ -544,27 +555,29 @@ fn transmit(qp: &QpShared, conn: &mut Conn, e: &mut SqEntry) -> std::result::Res
     Ok(())
 }
 
+/// How long a passive-side QP waits for the peer's data connection before its WRs fail.
+const CONNECT_WAIT: Duration = Duration::from_secs(5);
+
 /// Progress one TCP QP (under its lock). Returns whether it wants timer-driven progress.
 pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> bool {
     let Some(mut conn) = slow.conn.take() else {
-        // Passive side still waiting for the peer's connection: unanswered, as on a wire.
+        // Passive side still waiting for the peer's data connection. Nothing was sent, so this
+        // is not the RC retry budget (timeout x retry_cnt, a few ms): the peer is in RTR and the
+        // device's acceptor hands the connection over when it gets to it. Only a peer that
+        // never connects fails the WR, after CONNECT_WAIT.
         if slow.sq.is_empty() || qp.state() != QpState::Rts {
+            slow.conn_wait_since = None;
             return false;
         }
-        if slow.retry_at.is_some_and(|at| now < at) {
+        let since = *slow.conn_wait_since.get_or_insert(now);
+        if now.duration_since(since) < CONNECT_WAIT {
             return true;
         }
-        return match qp.stall_accounting(slow, false, 0, now) {
-            Stall::Wait(t) => {
-                slow.retry_at = Some(t);
-                true
-            }
-            Stall::Fail(status) => {
-                qp.fail_head(slow, status);
-                false
-            }
-        };
+        slow.conn_wait_since = None;
+        qp.fail_head(slow, WcStatus::RetryExcErr);
+        return false;
     };
+    slow.conn_wait_since = None;
     if conn.dead {
         slow.conn = Some(conn);
         return false;
@@ -609,37 +622,19 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
             }
         }
     }
-    // RNR timer expired: go back and re-send from the NAK'd request.
-    if let (Some(from), Some(at)) = (conn.go_back, slow.retry_at) {
+    // RNR timer expired: go back and re-send from the NAK'd request (the NAK marked it and
+    // everything after it unsent).
+    if let (Some(_), Some(at)) = (conn.go_back, slow.retry_at) {
         if now >= at && qp.state() == QpState::Rts {
             conn.go_back = None;
             slow.retry_at = None;
-            for i in 0..slow.sq.len() {
-                if slow.sq[i].seq >= from {
-                    if let Err(status) = transmit(qp, &mut conn, &mut slow.sq[i]) {
-                        // The data's MR went away meanwhile: fail here, in order.
-                        while slow.sq.front().is_some_and(|e| e.seq < slow.sq[i].seq) {
-                            let Some(x) = slow.sq.pop_front() else { break };
-                            qp.complete_send(x.seq, x.wr_id, &x.op, WcStatus::WrFlushErr, 0, true);
-                            slow.recycle(x);
-                        }
-                        qp.fail_head(slow, status);
-                        break;
-                    }
-                }
-            }
         }
     }
-    // Requests not on the wire yet (posted before the connection was attached).
+    // Requests not on the wire yet (posted before the connection was attached, or rewound).
     if conn.go_back.is_none() && qp.state() == QpState::Rts {
-        for i in 0..slow.sq.len() {
-            if !slow.sq[i].sent {
-                if let Err(status) = transmit(qp, &mut conn, &mut slow.sq[i]) {
-                    slow.conn = Some(conn);
-                    qp.fail_head(slow, status);
-                    return false;
-                }
-            }
+        if let Err((i, status)) = transmit_pending(qp, &mut conn, &mut slow.sq) {
+            // E.g. the data's MR went away meanwhile: fail it in order.
+            fail_at(qp, slow, i, status);
         }
     }
     conn.flush();
