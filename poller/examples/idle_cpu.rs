@@ -8,9 +8,7 @@
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use nvmf_poller::{
-    Arm, PollStatus, Poller, ReactorCtx, ReactorHandle, Runtime, RuntimeConfig, WakeFds,
-};
+use nvmf_poller::{Arm, PollStatus, Poller, ReactorCtx, Runtime, RuntimeConfig, WakeFds};
 
 /// A poller with a wake-up fd and never any work (like an idle poll group's CQ channel).
 struct Quiet {
@@ -29,31 +27,10 @@ impl Poller for Quiet {
 }
 
 /// Nanoseconds the thread `tid` of this process has run on a CPU.
-fn thread_cpu_ns(tid: &str) -> u64 {
-    if let Ok(s) = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")) {
-        if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
-            return ns;
-        }
-    }
-    // Fallback: utime + stime (fields 14, 15) in clock ticks, assumed 100 Hz (Linux's USER_HZ).
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");
-    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
-    let f: Vec<u64> = after_comm
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    (f[11] + f[12]) * 10_000_000
-}
-
-fn reactor_tid(h: &ReactorHandle) -> String {
-    h.call(|_| {
-        let link = std::fs::read_link("/proc/thread-self").expect("thread-self");
-        link.file_name()
-            .expect("tid")
-            .to_string_lossy()
-            .into_owned()
-    })
-    .expect("call")
+fn thread_cpu_ns(tid: u32) -> u64 {
+    nvmf_poller::cputime::thread_cpu_time(tid)
+        .expect("thread CPU time")
+        .as_nanos() as u64
 }
 
 fn measure(cfg: RuntimeConfig, secs: u64, label: &str) {
@@ -71,15 +48,15 @@ fn measure(cfg: RuntimeConfig, secs: u64, label: &str) {
         );
     })
     .expect("setup");
-    let tid = reactor_tid(&h);
+    let tid = h.os_tid().expect("reactor thread id");
     // Let it settle (the setup itself was work).
     std::thread::sleep(Duration::from_millis(100));
     let s0 = h.stats();
-    let c0 = thread_cpu_ns(&tid);
+    let c0 = thread_cpu_ns(tid);
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(secs));
     let wall = t0.elapsed();
-    let c1 = thread_cpu_ns(&tid);
+    let c1 = thread_cpu_ns(tid);
     let s1 = h.stats();
     let pct = (c1 - c0) as f64 * 100.0 / wall.as_nanos() as f64;
     println!(

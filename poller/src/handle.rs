@@ -84,6 +84,11 @@ impl ReactorHandle {
         Ok(())
     }
 
+    /// The reactor thread's kernel thread id (for `cputime::thread_cpu_time`).
+    pub fn os_tid(&self) -> Result<u32, PollerError> {
+        self.call(|_| crate::cputime::current_tid().unwrap_or(0))
+    }
+
     /// Run `f` on the reactor and wait for its result. For the control thread: calling it from
     /// the reactor's own thread is refused ([`PollerError::WouldDeadlock`]), and calling it from
     /// another reactor blocks that reactor until the answer comes.

@@ -36,6 +36,7 @@
 #![warn(missing_docs)]
 
 mod config;
+pub mod cputime;
 mod error;
 mod handle;
 mod idle;

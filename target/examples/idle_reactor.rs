@@ -18,36 +18,15 @@ mod host;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use nvmf_poller::{ReactorHandle, Runtime, RuntimeConfig};
+use nvmf_poller::{Runtime, RuntimeConfig};
 use nvmf_target::rdma::*;
 use nvmf_transport::*;
 
 /// Nanoseconds the thread `tid` of this process has run on a CPU.
-fn thread_cpu_ns(tid: &str) -> u64 {
-    if let Ok(s) = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")) {
-        if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
-            return ns;
-        }
-    }
-    // Fallback: utime + stime (fields 14, 15) in clock ticks, assumed 100 Hz (Linux's USER_HZ).
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");
-    let after_comm = &stat[stat.rfind(')').expect("comm") + 2..];
-    let f: Vec<u64> = after_comm
-        .split_whitespace()
-        .map(|v| v.parse().unwrap_or(0))
-        .collect();
-    (f[11] + f[12]) * 10_000_000
-}
-
-fn reactor_tid(h: &ReactorHandle) -> String {
-    h.call(|_| {
-        let link = std::fs::read_link("/proc/thread-self").expect("thread-self");
-        link.file_name()
-            .expect("tid")
-            .to_string_lossy()
-            .into_owned()
-    })
-    .expect("call")
+fn thread_cpu_ns(tid: u32) -> u64 {
+    nvmf_poller::cputime::thread_cpu_time(tid)
+        .expect("thread CPU time")
+        .as_nanos() as u64
 }
 
 fn main() {
@@ -97,15 +76,15 @@ fn main() {
         nvmf_poller::DEFAULT_IDLE_AFTER,
     );
 
-    let tid = reactor_tid(&h);
+    let tid = h.os_tid().expect("reactor thread id");
     // Let it settle: the connection set-up was work.
     std::thread::sleep(Duration::from_millis(200));
     let s0 = h.stats();
-    let c0 = thread_cpu_ns(&tid);
+    let c0 = thread_cpu_ns(tid);
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(secs));
     let wall = t0.elapsed();
-    let c1 = thread_cpu_ns(&tid);
+    let c1 = thread_cpu_ns(tid);
     let s1 = h.stats();
     let pct = (c1 - c0) as f64 * 100.0 / wall.as_nanos() as f64;
     println!(

@@ -87,6 +87,24 @@ fn access_violation(peer: &Arc<QpShared>) -> Outcome {
     Outcome::Fail(WcStatus::RemAccessErr)
 }
 
+/// The responder side of an RDMA READ / WRITE: the QP grants `access` and `rkey` covers the
+/// range; else the responder goes to ERR and the requester gets REM_ACCESS_ERR.
+fn remote_range<'a>(
+    peer: &'a Arc<QpShared>,
+    rkey: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+) -> Result<mem::KeyRef<'a>, Outcome> {
+    if !Access::from_bits_truncate(peer.remote_access.load(Ordering::Acquire)).contains(access) {
+        return Err(access_violation(peer));
+    }
+    peer.dev
+        .keys
+        .lookup(rkey, true, peer.pd, addr, len, access)
+        .map_err(|_| access_violation(peer))
+}
+
 pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> Outcome {
     if req.link_down.load(Ordering::Acquire) {
         return Outcome::Fail(WcStatus::RetryExcErr);
@@ -133,17 +151,9 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
             if len == 0 {
                 return Outcome::Done { byte_len: 0 };
             }
-            if !Access::from_bits_truncate(peer.remote_access.load(Ordering::Acquire))
-                .contains(Access::REMOTE_WRITE)
-            {
-                return access_violation(peer);
-            }
-            let Ok(r) =
-                peer.dev
-                    .keys
-                    .lookup(rkey, true, peer.pd, remote_addr, len, Access::REMOTE_WRITE)
-            else {
-                return access_violation(peer);
+            let r = match remote_range(peer, rkey, remote_addr, len, Access::REMOTE_WRITE) {
+                Ok(r) => r,
+                Err(o) => return o,
             };
             let mut dst = SgList::new();
             dst.push(r);
@@ -159,17 +169,9 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
             if len == 0 {
                 return Outcome::Done { byte_len: 0 };
             }
-            if !Access::from_bits_truncate(peer.remote_access.load(Ordering::Acquire))
-                .contains(Access::REMOTE_READ)
-            {
-                return access_violation(peer);
-            }
-            let Ok(r) =
-                peer.dev
-                    .keys
-                    .lookup(rkey, true, peer.pd, remote_addr, len, Access::REMOTE_READ)
-            else {
-                return access_violation(peer);
+            let r = match remote_range(peer, rkey, remote_addr, len, Access::REMOTE_READ) {
+                Ok(r) => r,
+                Err(o) => return o,
             };
             let mut remote = SgList::new();
             remote.push(r);
