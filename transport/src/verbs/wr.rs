@@ -124,15 +124,40 @@ fn bad_index<T>(base: *const T, bad: *const T, len: usize) -> usize {
     if p >= b && i < len { i } else { 0 }
 }
 
-/// Post `wrs` in chunks with `post(head, &mut bad) -> rc`.
-pub(crate) fn post_send_chunked(
-    wrs: &[SendWr<'_>],
+/// A work request that builds the raw verbs struct it is posted as, linked to `next`.
+pub(crate) trait RawWr {
+    type Raw;
+    /// "send" or "receive", for error messages.
+    const QUEUE: &'static str;
+    fn build(&self, next: *mut Self::Raw) -> Self::Raw;
+}
+
+impl RawWr for SendWr<'_> {
+    type Raw = ibv_send_wr;
+    const QUEUE: &'static str = "send";
+    fn build(&self, next: *mut ibv_send_wr) -> ibv_send_wr {
+        build_send(self, next)
+    }
+}
+
+impl RawWr for RecvWr<'_> {
+    type Raw = ibv_recv_wr;
+    const QUEUE: &'static str = "receive";
+    fn build(&self, next: *mut ibv_recv_wr) -> ibv_recv_wr {
+        build_recv(self, next)
+    }
+}
+
+/// Post `wrs` as linked chains of at most CHUNK WRs built on the stack (no allocation), with
+/// `post(head, &mut bad) -> rc`. On failure, WRs before `failed_index` were posted.
+pub(crate) fn post_chunked<W: RawWr>(
+    wrs: &[W],
     op: &'static str,
-    mut post: impl FnMut(*mut ibv_send_wr, &mut *mut ibv_send_wr) -> c_int,
+    mut post: impl FnMut(*mut W::Raw, &mut *mut W::Raw) -> c_int,
 ) -> Result<(), PostError> {
     for (c, chunk) in wrs.chunks(CHUNK).enumerate() {
-        let mut buf = [const { MaybeUninit::<ibv_send_wr>::uninit() }; CHUNK];
-        let base = buf.as_mut_ptr().cast::<ibv_send_wr>();
+        let mut buf: [MaybeUninit<W::Raw>; CHUNK] = [const { MaybeUninit::uninit() }; CHUNK];
+        let base = buf.as_mut_ptr().cast::<W::Raw>();
         for (i, wr) in chunk.iter().enumerate() {
             let next = if i + 1 < chunk.len() {
                 base.wrapping_add(i + 1)
@@ -141,7 +166,7 @@ pub(crate) fn post_send_chunked(
             };
             // SAFETY: `i < CHUNK`: the slot is inside `buf`, written through the one raw
             // pointer every link is derived from.
-            unsafe { base.add(i).write(build_send(wr, next)) };
+            unsafe { base.add(i).write(wr.build(next)) };
         }
         let mut bad = null_mut();
         let rc = post(base, &mut bad);
@@ -149,42 +174,29 @@ pub(crate) fn post_send_chunked(
             let failed_index = c * CHUNK + bad_index(base, bad, chunk.len());
             return Err(PostError {
                 failed_index,
-                error: post_error(op, "send", rc),
+                error: post_error(op, W::QUEUE, rc),
             });
         }
     }
     Ok(())
 }
 
-/// Post receive `wrs` in chunks with `post(head, &mut bad) -> rc`.
+/// Send lists: see `post_chunked`.
+pub(crate) fn post_send_chunked(
+    wrs: &[SendWr<'_>],
+    op: &'static str,
+    post: impl FnMut(*mut ibv_send_wr, &mut *mut ibv_send_wr) -> c_int,
+) -> Result<(), PostError> {
+    post_chunked(wrs, op, post)
+}
+
+/// Receive lists (QP or SRQ): see `post_chunked`.
 pub(crate) fn post_recv_chunked(
     wrs: &[RecvWr<'_>],
     op: &'static str,
-    mut post: impl FnMut(*mut ibv_recv_wr, &mut *mut ibv_recv_wr) -> c_int,
+    post: impl FnMut(*mut ibv_recv_wr, &mut *mut ibv_recv_wr) -> c_int,
 ) -> Result<(), PostError> {
-    for (c, chunk) in wrs.chunks(CHUNK).enumerate() {
-        let mut buf = [const { MaybeUninit::<ibv_recv_wr>::uninit() }; CHUNK];
-        let base = buf.as_mut_ptr().cast::<ibv_recv_wr>();
-        for (i, wr) in chunk.iter().enumerate() {
-            let next = if i + 1 < chunk.len() {
-                base.wrapping_add(i + 1)
-            } else {
-                null_mut()
-            };
-            // SAFETY: `i < CHUNK`: the slot is inside `buf`.
-            unsafe { base.add(i).write(build_recv(wr, next)) };
-        }
-        let mut bad = null_mut();
-        let rc = post(base, &mut bad);
-        if rc != 0 {
-            let failed_index = c * CHUNK + bad_index(base, bad, chunk.len());
-            return Err(PostError {
-                failed_index,
-                error: post_error(op, "receive", rc),
-            });
-        }
-    }
-    Ok(())
+    post_chunked(wrs, op, post)
 }
 
 #[cfg(test)]
