@@ -335,11 +335,42 @@ impl Mr {
     pub fn access(&self) -> Access {
         dispatch!(self, m => m.access())
     }
-    pub fn as_slice(&self) -> &[u8] {
-        dispatch!(self, m => m.as_slice())
+    /// See `provider::MrOps::as_ptr`.
+    pub fn as_ptr(&self) -> *mut u8 {
+        dispatch!(self, m => m.as_ptr())
     }
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        dispatch!(self, m => m.as_mut_slice())
+    /// Copy out of the region at `offset` (race-free; `OutOfBounds` outside the region).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        dispatch!(self, m => m.read_at(offset, dst))
+    }
+    /// Copy into the region at `offset` (race-free; `OutOfBounds` outside the region).
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        dispatch!(self, m => m.write_at(offset, src))
+    }
+    /// Copy `range` out of the region into a new vector (control path, tests, tools).
+    pub fn read_vec(&self, range: std::ops::Range<usize>) -> Result<Vec<u8>> {
+        dispatch!(self, m => m.read_vec(range))
+    }
+    /// A shared borrow of `range`.
+    ///
+    /// # Safety
+    /// As `provider::MrOps::view`: nothing (device, peer, CPU) writes `range` while it lives.
+    pub unsafe fn view(&self, range: std::ops::Range<usize>) -> &[u8] {
+        // SAFETY: the caller's contract is the provider method's.
+        dispatch!(self, m => unsafe { m.view(range) })
+    }
+    /// An exclusive borrow of `range`.
+    ///
+    /// # Safety
+    /// As `provider::MrOps::view_mut`: nothing else (device, peer, CPU) reads or writes
+    /// `range` while it lives.
+    #[allow(
+        clippy::mut_from_ref,
+        reason = "the memory is the device's; exclusivity is the caller's contract"
+    )]
+    pub unsafe fn view_mut(&self, range: std::ops::Range<usize>) -> &mut [u8] {
+        // SAFETY: the caller's contract is the provider method's.
+        dispatch!(self, m => unsafe { m.view_mut(range) })
     }
     /// An SGE over `offset..offset + len` of this region (panics when out of bounds: a
     /// programming error).

@@ -36,6 +36,13 @@ pub enum TransportError {
     QueueFull(&'static str),
     #[error("{op} not allowed in QP state {state:?}")]
     BadQpState { op: &'static str, state: QpState },
+    /// A copy in or out of a memory region reaches outside it.
+    #[error("range {offset}+{len} is outside a memory region of {size} bytes")]
+    OutOfBounds {
+        offset: usize,
+        len: usize,
+        size: usize,
+    },
     /// An SGE names an lkey that does not exist, or memory outside its region.
     #[error("local protection error: lkey {lkey:#x} does not cover {addr:#x}+{len}")]
     LocalProtection { lkey: u32, addr: u64, len: u32 },

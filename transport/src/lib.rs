@@ -17,6 +17,7 @@ pub mod fdwait;
 pub mod gid;
 pub mod pollgroup;
 pub mod provider;
+mod shared_mem;
 pub mod types;
 
 #[cfg(feature = "soft")]

@@ -81,8 +81,15 @@ pub struct QpInit<'a, P: Provider> {
     pub sq_sig_all: bool,
 }
 
-/// A registered memory region. The device (or a remote peer, through the rkey) may write to it
-/// at any time it is allowed to: the slices are a view of DMA-able memory, as with verbs.
+/// A registered memory region.
+///
+/// The device, and a remote peer through the rkey, may read or write the memory whenever a
+/// posted work request or a granted rkey allows it, concurrently with the CPU. So the region
+/// never hands out a safe reference to its memory: the CPU copies in and out with
+/// [`read_at`](MrOps::read_at) / [`write_at`](MrOps::write_at) (race-free in Rust's model,
+/// see `shared_mem`), takes the raw pointer for FFI ([`as_ptr`](MrOps::as_ptr)), or borrows a
+/// range with the `unsafe` [`view`](MrOps::view) / [`view_mut`](MrOps::view_mut) when it knows
+/// that nothing else can touch that range while the borrow lives.
 pub trait MrOps: Send {
     fn addr(&self) -> u64;
     fn len(&self) -> usize;
@@ -92,8 +99,78 @@ pub trait MrOps: Send {
     fn lkey(&self) -> u32;
     fn rkey(&self) -> u32;
     fn access(&self) -> Access;
-    fn as_slice(&self) -> &[u8];
-    fn as_mut_slice(&mut self) -> &mut [u8];
+    /// The region's first byte, for FFI consumers (io_uring buffer registration, a block
+    /// device's DMA). Valid for `len()` bytes while the region lives; whoever dereferences it
+    /// takes on the contract of [`view_mut`](MrOps::view_mut).
+    fn as_ptr(&self) -> *mut u8;
+
+    /// Copy `dst.len()` bytes at `offset` out of the region. A range outside the region is
+    /// `TransportError::OutOfBounds`. Bytes the device or a peer writes during the copy are
+    /// unspecified, never undefined behaviour.
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        // SAFETY: `as_ptr()..+len()` is the region's memory, live while `self` is.
+        unsafe { crate::shared_mem::read_at(self.as_ptr(), self.len(), offset, dst) }
+    }
+
+    /// Copy `src` into the region at `offset`. A range outside the region is
+    /// `TransportError::OutOfBounds`.
+    fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: as in `read_at`; region memory is CPU-writable.
+        unsafe { crate::shared_mem::write_at(self.as_ptr(), self.len(), offset, src) }
+    }
+
+    /// Copy `range` out of the region into a new vector (control path, tests, tools).
+    fn read_vec(&self, range: std::ops::Range<usize>) -> Result<Vec<u8>> {
+        let mut out = vec![0; range.end.saturating_sub(range.start)];
+        self.read_at(range.start, &mut out)?;
+        Ok(out)
+    }
+
+    /// A shared borrow of `range` of the region.
+    ///
+    /// # Safety
+    /// While the returned slice lives, nothing may write to `range`: no posted work request
+    /// that writes it (a receive, an RDMA READ into it), no rkey (of this region or of a
+    /// memory window over it) through which a peer can write it, and no CPU write through
+    /// `write_at`, `as_ptr` or a [`view_mut`](MrOps::view_mut) overlapping it.
+    ///
+    /// # Panics
+    /// When `range` is not inside the region (a programming error).
+    unsafe fn view(&self, range: std::ops::Range<usize>) -> &[u8] {
+        let base = self.as_ptr();
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "memory view out of bounds"
+        );
+        // SAFETY: in bounds (checked above) of memory the region owns while `self` is
+        // borrowed; the caller guarantees no concurrent writer for the borrow's lifetime.
+        unsafe { std::slice::from_raw_parts(base.add(range.start), range.len()) }
+    }
+
+    /// An exclusive borrow of `range` of the region.
+    ///
+    /// # Safety
+    /// While the returned slice lives, nothing else may read or write `range`: no posted work
+    /// request that reads or writes it (a send from it, an RDMA WRITE from it, a receive or
+    /// RDMA READ into it), no rkey through which a peer can reach it, and no other CPU access
+    /// (`read_at`, `write_at`, `as_ptr`, another view) overlapping it.
+    ///
+    /// # Panics
+    /// When `range` is not inside the region (a programming error).
+    #[allow(
+        clippy::mut_from_ref,
+        reason = "the memory is the device's; exclusivity is the caller's contract"
+    )]
+    unsafe fn view_mut(&self, range: std::ops::Range<usize>) -> &mut [u8] {
+        let base = self.as_ptr();
+        assert!(
+            range.start <= range.end && range.end <= self.len(),
+            "memory view out of bounds"
+        );
+        // SAFETY: in bounds (checked above); the caller guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(base.add(range.start), range.len()) }
+    }
+
     /// An SGE covering `offset..offset + len` of this region. Panics if out of bounds: a
     /// programming error, never input from the network.
     fn sge(&self, offset: usize, len: u32) -> Sge {

@@ -113,9 +113,9 @@ impl Host {
 
     /// Sends one capsule carrying `host` and waits for its answer. False if either failed.
     pub fn round_trip(&mut self, host: u32) -> bool {
-        let buf = self.mr.as_mut_slice();
-        buf[..64].fill(0);
-        buf[..4].copy_from_slice(&host.to_le_bytes());
+        let mut capsule = [0u8; 64];
+        capsule[..4].copy_from_slice(&host.to_le_bytes());
+        self.mr.write_at(0, &capsule).unwrap();
         let recv = self.mr.sge(1024, 64);
         let send = self.mr.sge(0, 64);
         if self
@@ -162,7 +162,9 @@ impl Host {
                 std::thread::yield_now();
             }
         }
-        answered == Some((WcStatus::Success, 16)) && self.mr.as_slice()[1024..1040] == [0x5a; 16]
+        let mut response = [0u8; 16];
+        self.mr.read_at(1024, &mut response).unwrap();
+        answered == Some((WcStatus::Success, 16)) && response == [0x5a; 16]
     }
 
     /// Disconnects from the target (its side sees DISCONNECTED).

@@ -51,11 +51,15 @@ impl DataBuffers {
 
     pub(crate) fn bytes(&self, buf: u32) -> &[u8] {
         let s = buf as usize * self.unit as usize;
-        &self.mr.as_slice()[s..s + self.unit as usize]
+        // SAFETY: callers read a buffer only while no work request writing it is in flight
+        // (its RDMA READ completed, or none was posted), and no rkey to it is granted.
+        unsafe { self.mr.view(s..s + self.unit as usize) }
     }
 
     pub(crate) fn bytes_mut(&mut self, buf: u32) -> &mut [u8] {
         let s = buf as usize * self.unit as usize;
-        &mut self.mr.as_mut_slice()[s..s + self.unit as usize]
+        // SAFETY: callers fill a buffer only before posting a work request on it (none in
+        // flight), no rkey to it is granted, and `&mut self` excludes any other view.
+        unsafe { self.mr.view_mut(s..s + self.unit as usize) }
     }
 }

@@ -67,7 +67,12 @@ impl RecvSlots {
     /// What arrived in `slot`.
     pub(crate) fn bytes(&self, slot: u32) -> &[u8] {
         let start = slot as usize * self.slot_size as usize;
-        &self.mr.as_slice()[start..start + self.len[slot as usize] as usize]
+        // SAFETY: a completed slot is not on the SRQ until `flush` reposts it, and `flush`
+        // needs `&mut self`, which this borrow excludes: no device write while it lives.
+        unsafe {
+            self.mr
+                .view(start..start + self.len[slot as usize] as usize)
+        }
     }
 
     pub(crate) fn queue_repost(&mut self, slot: u32) {

@@ -138,9 +138,9 @@ fn connect_accept_disconnect(f: SoftFabric) {
     assert_eq!(cqp.state(), QpState::Rts);
 
     // The CM-built QPs carry traffic.
-    let mut smr = spd.alloc_mr(64, ALL).unwrap();
+    let smr = spd.alloc_mr(64, ALL).unwrap();
     let cmr = cpd.alloc_mr(64, ALL).unwrap();
-    smr.as_mut_slice()[..3].copy_from_slice(b"cm!");
+    smr.write_at(0, b"cm!").unwrap();
     cqp.post_recv(&[RecvWr {
         wr_id: 1,
         sges: &[cmr.sge(0, 64)],
@@ -155,7 +155,7 @@ fn connect_accept_disconnect(f: SoftFabric) {
     .unwrap();
     assert_eq!(net.wait(&scq, 1)[0].status, WcStatus::Success);
     assert_eq!(net.wait(&ccq, 1)[0].byte_len, 3);
-    assert_eq!(&cmr.as_slice()[..3], b"cm!");
+    assert_eq!(&cmr.read_vec(0..3).unwrap()[..], b"cm!");
 
     // Disconnect: both sides see DISCONNECTED then TIMEWAIT_EXIT; the QPs are in ERR.
     cid.disconnect().unwrap();

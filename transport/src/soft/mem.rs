@@ -19,6 +19,7 @@ use super::SoftPd;
 use super::device::DeviceInner;
 use crate::error::{Result, TransportError};
 use crate::provider::MrOps;
+use crate::shared_mem::{self, Region};
 use crate::types::*;
 
 /// Most SGEs one work request can carry on a soft device (fixed-size, allocation-free lists).
@@ -39,6 +40,10 @@ struct KeySlot {
     state: AtomicU64,
     addr: AtomicU64,
     len: AtomicU64,
+    /// The bounds of the registered memory this key reaches into (for an MR, its own range),
+    /// which fix the access size at each address (`shared_mem`).
+    region_base: AtomicU64,
+    region_len: AtomicU64,
     flags: AtomicU32,
     pd: AtomicU32,
 }
@@ -62,6 +67,7 @@ pub(crate) struct KeyRef<'a> {
     slot: &'a KeySlot,
     addr: u64,
     len: u64,
+    region: Region,
 }
 
 impl Drop for KeyRef<'_> {
@@ -125,6 +131,8 @@ impl KeyTable {
         let generation = (slot.state.load(Ordering::Acquire) >> GEN_SHIFT) & 0xff;
         slot.addr.store(addr, Ordering::Relaxed);
         slot.len.store(len, Ordering::Relaxed);
+        slot.region_base.store(addr, Ordering::Relaxed);
+        slot.region_len.store(len, Ordering::Relaxed);
         slot.flags.store(
             access.bits() | if remote { REMOTE_KEY } else { 0 },
             Ordering::Relaxed,
@@ -164,7 +172,16 @@ impl KeyTable {
             }
         }
         // From here the guard keeps the slot's fields stable (re-registration needs count 0).
-        let pinned = KeyRef { slot, addr, len };
+        let region = Region::new(
+            slot.region_base.load(Ordering::Relaxed) as usize,
+            slot.region_len.load(Ordering::Relaxed) as usize,
+        );
+        let pinned = KeyRef {
+            slot,
+            addr,
+            len,
+            region,
+        };
         let flags = slot.flags.load(Ordering::Relaxed);
         if (flags & REMOTE_KEY != 0) != remote {
             return Err(KeyError::Unknown);
@@ -294,28 +311,31 @@ pub(crate) fn copy_sg(dst: &SgList<'_>, src: &SgList<'_>, len: u64) -> u64 {
     let mut d = dst.spans();
     let mut s = src.spans();
     let (mut dcur, mut scur) = (
-        d.next().map(|r| (r.addr, r.len)),
-        s.next().map(|r| (r.addr, r.len)),
+        d.next().map(|r| (r.addr, r.len, r.region)),
+        s.next().map(|r| (r.addr, r.len, r.region)),
     );
     let mut left = len;
     let mut done = 0;
     while left > 0 {
-        let (Some((da, dl)), Some((sa, sl))) = (dcur, scur) else {
+        let (Some((da, dl, dr)), Some((sa, sl, sr))) = (dcur, scur) else {
             break;
         };
         let n = dl.min(sl).min(left);
-        raw_copy(da, sa, n);
+        // SAFETY: both spans were proved by `KeyTable::lookup` to lie inside live
+        // registrations (`dr`, `sr`) that the lists' `KeyRef` guards keep alive for the call;
+        // `shared_mem::copy` is memmove (a QP may write into its own MR over loopback).
+        unsafe { shared_mem::copy(dr, da as usize, sr, sa as usize, n as usize) };
         done += n;
         left -= n;
         dcur = if dl == n {
-            d.next().map(|r| (r.addr, r.len))
+            d.next().map(|r| (r.addr, r.len, r.region))
         } else {
-            Some((da + n, dl - n))
+            Some((da + n, dl - n, dr))
         };
         scur = if sl == n {
-            s.next().map(|r| (r.addr, r.len))
+            s.next().map(|r| (r.addr, r.len, r.region))
         } else {
-            Some((sa + n, sl - n))
+            Some((sa + n, sl - n, sr))
         };
     }
     done
@@ -329,17 +349,10 @@ pub(crate) fn gather(src: &SgList<'_>, out: &mut [u8]) -> usize {
         if n == 0 {
             break;
         }
-        let dst = &mut out[off..off + n];
         // SAFETY: `r` pins a live registration covering r.addr..r.addr+r.len (checked by
-        // `KeyTable::lookup`), and n <= r.len; `dst` is a distinct Rust-owned buffer, so the
-        // ranges cannot overlap. The address's provenance was exposed at registration.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                std::ptr::with_exposed_provenance::<u8>(r.addr as usize),
-                dst.as_mut_ptr(),
-                n,
-            );
-        }
+        // `KeyTable::lookup`), and n <= r.len. The address's provenance was exposed at
+        // registration.
+        unsafe { shared_mem::read(r.region, r.addr as usize, &mut out[off..off + n]) };
         off += n;
     }
     off
@@ -353,33 +366,11 @@ pub(crate) fn scatter(dst: &SgList<'_>, data: &[u8]) -> usize {
         if n == 0 {
             break;
         }
-        let src = &data[off..off + n];
-        // SAFETY: `r` pins a live registration covering r.addr..r.addr+r.len, n <= r.len, and
-        // `src` is a Rust-owned buffer; `copy` tolerates overlap should the caller pass a view
-        // of the same region.
-        unsafe {
-            std::ptr::copy(
-                src.as_ptr(),
-                std::ptr::with_exposed_provenance_mut::<u8>(r.addr as usize),
-                n,
-            );
-        }
+        // SAFETY: `r` pins a live registration covering r.addr..r.addr+r.len, n <= r.len.
+        unsafe { shared_mem::write(r.region, r.addr as usize, &data[off..off + n]) };
         off += n;
     }
     off
-}
-
-fn raw_copy(dst: u64, src: u64, n: u64) {
-    // SAFETY: both ranges were proved by `KeyTable::lookup` to lie inside live registrations
-    // that the callers' `KeyRef` guards keep alive for the duration of the call; `copy`
-    // (memmove) tolerates overlap, e.g. a QP writing into its own MR over loopback.
-    unsafe {
-        std::ptr::copy(
-            std::ptr::with_exposed_provenance::<u8>(src as usize),
-            std::ptr::with_exposed_provenance_mut::<u8>(dst as usize),
-            n as usize,
-        );
-    }
 }
 
 /// Memory owned by an MR.
@@ -519,15 +510,8 @@ impl MrOps for SoftMr {
     fn access(&self) -> Access {
         self.access
     }
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: `mem` is a live allocation of `len` bytes owned by this MR for as long as the
-        // borrow of `self`. Peers may write it concurrently through the rkey, as hardware DMA
-        // does: the provider contract (`MrOps`) makes these slices a view of DMA-able memory.
-        unsafe { std::slice::from_raw_parts(self.mem.ptr(), self.mem.len) }
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`; `&mut self` makes this the only slice handed out.
-        unsafe { std::slice::from_raw_parts_mut(self.mem.ptr(), self.mem.len) }
+    fn as_ptr(&self) -> *mut u8 {
+        self.mem.ptr()
     }
 }
 

@@ -48,7 +48,9 @@
 //! Only in `mem.rs`: the memory engine copies between raw addresses after the key table proved
 //! the range lies in a live registration with the right access, pinned by an in-flight count
 //! that deregistration waits for (so an MR is never freed under a copy); plus MR memory
-//! allocation / release and the MR's slice views. Every block has a `// SAFETY:` comment.
+//! allocation / release. Every copy into or out of registered memory is a relaxed atomic
+//! (`shared_mem`), so a peer's copy racing the owner's `read_at` / `write_at` is no data race.
+//! Every block has a `// SAFETY:` comment.
 //!
 //! # Deliberate differences from verbs
 //! - Inline sends must still come from registered memory (the lkey is checked for bounds only):

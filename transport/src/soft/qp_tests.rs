@@ -40,8 +40,8 @@ fn send_recv(f: SoftFabric) {
         sges: &[b.mr.sge(64, 64)],
     }])
     .unwrap();
-    a.mr.as_mut_slice()[..5].copy_from_slice(b"hello");
-    a.mr.as_mut_slice()[5..10].copy_from_slice(b"world");
+    a.mr.write_at(0, b"hello").unwrap();
+    a.mr.write_at(5, b"world").unwrap();
     a.qp.post_send(&[
         send_wr(1, SendOp::Send, &[a.mr.sge(0, 5)], SendFlags::SIGNALED),
         send_wr(
@@ -69,8 +69,8 @@ fn send_recv(f: SoftFabric) {
         (b.qp.qp_num(), a.qp.qp_num(), None)
     );
     assert_eq!((r[1].wr_id, r[1].imm_data), (8, Some(0xabcd)));
-    assert_eq!(&b.mr.as_slice()[..5], b"hello");
-    assert_eq!(&b.mr.as_slice()[64..69], b"world");
+    assert_eq!(&b.mr.read_vec(0..5).unwrap()[..], b"hello");
+    assert_eq!(&b.mr.read_vec(64..69).unwrap()[..], b"world");
 }
 
 fn inline_send(f: SoftFabric) {
@@ -81,7 +81,7 @@ fn inline_send(f: SoftFabric) {
         sges: &[b.mr.sge(0, 128)],
     }])
     .unwrap();
-    a.mr.as_mut_slice()[..4].copy_from_slice(b"abcd");
+    a.mr.write_at(0, b"abcd").unwrap();
     a.qp.post_send(&[send_wr(
         1,
         SendOp::Send,
@@ -90,10 +90,10 @@ fn inline_send(f: SoftFabric) {
     )])
     .unwrap();
     // The buffer may be reused right after posting an inline send.
-    a.mr.as_mut_slice()[..4].copy_from_slice(b"XXXX");
+    a.mr.write_at(0, b"XXXX").unwrap();
     assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::Success);
     assert_eq!(net.wait(&b.cq, 1)[0].byte_len, 4);
-    assert_eq!(&b.mr.as_slice()[..4], b"abcd");
+    assert_eq!(&b.mr.read_vec(0..4).unwrap()[..], b"abcd");
     // Beyond max_inline_data: refused at post.
     let e =
         a.qp.post_send(&[send_wr(
@@ -109,7 +109,7 @@ fn inline_send(f: SoftFabric) {
 fn write_read_good(f: SoftFabric) {
     let (mut a, mut b) = pair(f, &Opts::default());
     let net = Net::new(&[&a.cq, &b.cq]);
-    a.mr.as_mut_slice()[..8].copy_from_slice(b"rdmawrit");
+    a.mr.write_at(0, b"rdmawrit").unwrap();
     let (raddr, rkey) = (b.mr.addr() + 100, b.mr.rkey());
     a.qp.post_send(&[send_wr(
         1,
@@ -126,8 +126,8 @@ fn write_read_good(f: SoftFabric) {
         (c[0].status, c[0].opcode),
         (WcStatus::Success, WcOpcode::RdmaWrite)
     );
-    assert_eq!(&b.mr.as_slice()[100..108], b"rdmawrit");
-    b.mr.as_mut_slice()[2000..2006].copy_from_slice(b"readme");
+    assert_eq!(&b.mr.read_vec(100..108).unwrap()[..], b"rdmawrit");
+    b.mr.write_at(2000, b"readme").unwrap();
     a.qp.post_send(&[send_wr(
         2,
         SendOp::RdmaRead {
@@ -143,8 +143,8 @@ fn write_read_good(f: SoftFabric) {
         (c[0].wr_id, c[0].status, c[0].opcode, c[0].byte_len),
         (2, WcStatus::Success, WcOpcode::RdmaRead, 6)
     );
-    assert_eq!(&a.mr.as_slice()[500..503], b"rea");
-    assert_eq!(&a.mr.as_slice()[1000..1003], b"dme");
+    assert_eq!(&a.mr.read_vec(500..503).unwrap()[..], b"rea");
+    assert_eq!(&a.mr.read_vec(1000..1003).unwrap()[..], b"dme");
     // RDMA WRITE with immediate consumes a receive and reports the immediate.
     b.qp.post_recv(&[RecvWr {
         wr_id: 9,
@@ -333,10 +333,10 @@ fn srq_many_qps_one_cq(f: SoftFabric) {
             limit: 0,
         })
         .unwrap();
-    let mut mr = pd.alloc_mr(64 * 256, ALL).unwrap();
+    let mr = pd.alloc_mr(64 * 256, ALL).unwrap();
     let ccq = dc.create_cq(1024, None).unwrap();
     let cpd = dc.alloc_pd().unwrap();
-    let mut cmr = cpd.alloc_mr(4096, ALL).unwrap();
+    let cmr = cpd.alloc_mr(4096, ALL).unwrap();
     let mut servers = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..N {
@@ -373,7 +373,8 @@ fn srq_many_qps_one_cq(f: SoftFabric) {
     let net = Net::new(&[&cq, &ccq]);
     for (i, c) in clients.iter_mut().enumerate() {
         for k in 0..4u8 {
-            cmr.as_mut_slice()[i * 4 + k as usize] = (i as u8) << 4 | k;
+            cmr.write_at(i * 4 + k as usize, &[(i as u8) << 4 | k])
+                .unwrap();
         }
         for k in 0..4 {
             c.post_send(&[send_wr(
@@ -395,7 +396,9 @@ fn srq_many_qps_one_cq(f: SoftFabric) {
     let mut per_qp = std::collections::HashMap::<u32, Vec<u8>>::new();
     for c in &got {
         assert_eq!(c.status, WcStatus::Success);
-        let byte = mr.as_slice()[c.wr_id as usize * 64];
+        let byte = mr
+            .read_vec(c.wr_id as usize * 64..c.wr_id as usize * 64 + 1)
+            .unwrap()[0];
         per_qp.entry(c.qp_num).or_default().push(byte);
     }
     for (i, s) in servers.iter().enumerate() {
@@ -408,7 +411,6 @@ fn srq_many_qps_one_cq(f: SoftFabric) {
                 .all(|c| c.src_qp == clients[i].qp_num())
         );
     }
-    let _ = mr.as_mut_slice();
 }
 
 fn flush_on_error(f: SoftFabric) {
@@ -528,8 +530,8 @@ fn rnr_forever(f: SoftFabric) {
     };
     let (mut a, mut b) = pair(f, &o);
     let net = Net::new(&[&a.cq, &b.cq]);
-    a.mr.as_mut_slice()[..2].copy_from_slice(b"r1");
-    a.mr.as_mut_slice()[2..4].copy_from_slice(b"r2");
+    a.mr.write_at(0, b"r1").unwrap();
+    a.mr.write_at(2, b"r2").unwrap();
     a.qp.post_send(&[send_wr(
         1,
         SendOp::Send,
@@ -549,7 +551,7 @@ fn rnr_forever(f: SoftFabric) {
     )])
     .unwrap();
     assert!(net.settle(&a.cq, Duration::from_millis(50)).is_empty());
-    assert_ne!(&b.mr.as_slice()[512..514], b"r2");
+    assert_ne!(&b.mr.read_vec(512..514).unwrap()[..], b"r2");
     b.qp.post_recv(&[RecvWr {
         wr_id: 5,
         sges: &[b.mr.sge(0, 64)],
@@ -559,8 +561,8 @@ fn rnr_forever(f: SoftFabric) {
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success));
     assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::Success));
     assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 5);
-    assert_eq!(&b.mr.as_slice()[..2], b"r1");
-    assert_eq!(&b.mr.as_slice()[512..514], b"r2");
+    assert_eq!(&b.mr.read_vec(0..2).unwrap()[..], b"r1");
+    assert_eq!(&b.mr.read_vec(512..514).unwrap()[..], b"r2");
 }
 
 fn rnr_retry_exceeded(f: SoftFabric) {
@@ -1093,7 +1095,7 @@ fn tcp_post_after_late_connection_keeps_order() {
         }])
         .unwrap();
     }
-    a.mr.as_mut_slice()[..3].copy_from_slice(b"xyz");
+    a.mr.write_at(0, b"xyz").unwrap();
     let held = a.qp.sh.lock().conn.take();
     assert!(held.is_some(), "the active side connects at RTR");
     a.qp.post_send(&[send_wr(
@@ -1122,6 +1124,6 @@ fn tcp_post_after_late_connection_keeps_order() {
             (c.wr_id, c.status, c.byte_len),
             (i as u64, WcStatus::Success, 1)
         );
-        assert_eq!(b.mr.as_slice()[i * 64], b"xyz"[i]);
+        assert_eq!(b.mr.read_vec(i * 64..i * 64 + 1).unwrap()[0], b"xyz"[i]);
     }
 }

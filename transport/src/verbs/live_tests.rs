@@ -227,16 +227,16 @@ fn verbs_live_mr_and_errors() {
         return;
     };
     let pd = ctx.alloc_pd().unwrap();
-    let mut mr = pd.alloc_mr(3 * 4096 + 1, ALL).unwrap();
+    let mr = pd.alloc_mr(3 * 4096 + 1, ALL).unwrap();
     assert_eq!(mr.addr() % 4096, 0);
     assert_eq!(mr.len(), 3 * 4096 + 1);
-    assert!(mr.as_slice().iter().all(|&b| b == 0));
-    mr.as_mut_slice()[0] = 7;
+    assert!(mr.read_vec(0..mr.len()).unwrap().iter().all(|&b| b == 0));
+    mr.write_at(0, &[7]).unwrap();
     assert_ne!(mr.lkey(), 0);
     let boxed = pd
         .reg_mr(vec![5u8; 100].into_boxed_slice(), Access::LOCAL_WRITE)
         .unwrap();
-    assert_eq!(boxed.as_slice()[99], 5);
+    assert_eq!(boxed.read_vec(99..100).unwrap(), [5]);
     assert!(matches!(
         pd.alloc_mr(16, Access::REMOTE_WRITE),
         Err(TransportError::InvalidArgument(_))
@@ -305,7 +305,7 @@ fn verbs_live_send_recv_inline_imm() {
         return;
     };
     let mut p = pair(&ctx);
-    let mut ma = p.pd.alloc_mr(8192, ALL).unwrap();
+    let ma = p.pd.alloc_mr(8192, ALL).unwrap();
     let mb = p.pd.alloc_mr(8192, ALL).unwrap();
     // b posts receives (a list of 3)
     let r: Vec<Sge> = (0..3).map(|i| mb.sge(i * 1024, 1024)).collect();
@@ -316,8 +316,8 @@ fn verbs_live_send_recv_inline_imm() {
         })
         .collect();
     p.b.post_recv(&rwrs).unwrap();
-    ma.as_mut_slice()[..5].copy_from_slice(b"hello");
-    ma.as_mut_slice()[5..10].copy_from_slice(b"world");
+    ma.write_at(0, b"hello").unwrap();
+    ma.write_at(5, b"world").unwrap();
     let s1 = [ma.sge(0, 5)];
     let s2 = [ma.sge(5, 5)];
     p.a.post_send(&[
@@ -352,9 +352,9 @@ fn verbs_live_send_recv_inline_imm() {
     }
     assert_eq!(rc[0].imm_data, None);
     assert_eq!(rc[1].imm_data, Some(0xdead_beef));
-    assert_eq!(&mb.as_slice()[..5], b"hello");
-    assert_eq!(&mb.as_slice()[1024..1029], b"world");
-    assert_eq!(&mb.as_slice()[2048..2053], b"hello");
+    assert_eq!(&mb.read_vec(0..5).unwrap()[..], b"hello");
+    assert_eq!(&mb.read_vec(1024..1029).unwrap()[..], b"world");
+    assert_eq!(&mb.read_vec(2048..2053).unwrap()[..], b"hello");
     // unsignaled sends complete silently; a signaled one after them reports
     p.b.post_recv(&rwrs[..2]).unwrap();
     p.a.post_send(&[SendWr {
@@ -402,10 +402,10 @@ fn verbs_live_rdma_write_read_and_bad_rkey() {
         return;
     };
     let mut p = pair(&ctx);
-    let mut local = p.pd.alloc_mr(4096, ALL).unwrap();
-    let mut remote = p.pd.alloc_mr(4096, ALL).unwrap();
-    local.as_mut_slice()[..4].copy_from_slice(b"WRIT");
-    remote.as_mut_slice()[100..104].copy_from_slice(b"READ");
+    let local = p.pd.alloc_mr(4096, ALL).unwrap();
+    let remote = p.pd.alloc_mr(4096, ALL).unwrap();
+    local.write_at(0, b"WRIT").unwrap();
+    remote.write_at(100, b"READ").unwrap();
     let w = [local.sge(0, 4)];
     let rd = [local.sge(200, 4)];
     let (raddr, rkey) = (remote.addr(), remote.rkey());
@@ -442,8 +442,8 @@ fn verbs_live_rdma_write_read_and_bad_rkey() {
         "{c:?}"
     );
     assert_eq!(c[1].byte_len, 4);
-    assert_eq!(&remote.as_slice()[10..14], b"WRIT");
-    assert_eq!(&local.as_slice()[200..204], b"READ");
+    assert_eq!(&remote.read_vec(10..14).unwrap()[..], b"WRIT");
+    assert_eq!(&local.read_vec(200..204).unwrap()[..], b"READ");
     assert_quiet(&p.cq_b); // plain RDMA is invisible to the target
     // WRITE_WITH_IMM consumes a receive and carries the immediate
     let rs = [remote.sge(2048, 16)];
@@ -469,7 +469,7 @@ fn verbs_live_rdma_write_read_and_bad_rkey() {
         (rc[0].wr_id, rc[0].opcode, rc[0].imm_data),
         (77, WcOpcode::RecvRdmaWithImm, Some(42))
     );
-    assert_eq!(&remote.as_slice()[20..24], b"WRIT");
+    assert_eq!(&remote.read_vec(20..24).unwrap()[..], b"WRIT");
     // a bad rkey: remote access error, then the QP is in error and later WRs flush
     p.a.post_send(&[
         send(
@@ -563,9 +563,9 @@ fn verbs_live_srq_shared_and_flush() {
     // an SRQ-attached QP refuses its own receives
     assert!(targets[0].post_recv(&rwrs[..1]).is_err());
     // initiator k sends the byte k: the receive's qp_num must name target k
-    let mut msg = pd.alloc_mr(64, ALL).unwrap();
+    let msg = pd.alloc_mr(64, ALL).unwrap();
     for k in 0..3 {
-        msg.as_mut_slice()[k * 8] = k as u8;
+        msg.write_at(k * 8, &[k as u8]).unwrap();
     }
     for (k, i) in inits.iter_mut().enumerate() {
         let s = [msg.sge(k * 8, 8)];
@@ -605,7 +605,9 @@ fn verbs_live_srq_shared_and_flush() {
             .iter()
             .position(|t| t.qp_num() == c.qp_num)
             .expect("qp_num names a target");
-        let sent_by = buf.as_slice()[c.wr_id as usize * 256];
+        let sent_by = buf
+            .read_vec(c.wr_id as usize * 256..c.wr_id as usize * 256 + 1)
+            .unwrap()[0];
         assert_eq!(
             usize::from(sent_by),
             k,
@@ -904,8 +906,8 @@ fn verbs_live_cm_connect_accept_reject_disconnect() {
     assert!(client_pdata.starts_with(b"accepted"), "{client_pdata:?}");
     assert_eq!(client.qp.state(), QpState::Rts);
     // data over the CM-made connection
-    let mut sbuf = client.pd.alloc_mr(64, ALL).unwrap();
-    sbuf.as_mut_slice()[..4].copy_from_slice(b"ping");
+    let sbuf = client.pd.alloc_mr(64, ALL).unwrap();
+    sbuf.write_at(0, b"ping").unwrap();
     let ss = [sbuf.sge(0, 4)];
     client
         .qp
@@ -917,7 +919,7 @@ fn verbs_live_cm_connect_accept_reject_disconnect() {
         (rc[0].wr_id, rc[0].byte_len, rc[0].qp_num),
         (9, 4, server.qp.qp_num())
     );
-    assert_eq!(&rbuf.as_slice()[..4], b"ping");
+    assert_eq!(&rbuf.read_vec(0..4).unwrap()[..], b"ping");
 
     // --- reject ---
     let rid = ch

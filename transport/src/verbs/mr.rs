@@ -185,14 +185,8 @@ impl MrOps for VerbsMr {
     fn access(&self) -> Access {
         self.access
     }
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: `addr..addr+len` is owned by this region for its lifetime. The device may
-        // write to it concurrently, as the MrOps contract states.
-        unsafe { std::slice::from_raw_parts(self.addr, self.len) }
-    }
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and `&mut self` makes this the only CPU-side view.
-        unsafe { std::slice::from_raw_parts_mut(self.addr, self.len) }
+    fn as_ptr(&self) -> *mut u8 {
+        self.addr
     }
 }
 

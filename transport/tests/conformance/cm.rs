@@ -138,8 +138,8 @@ pub fn connect_accept_disconnect(flavor: Flavor) {
 
     // The connection carries data.
     let pd = &cconn._pd;
-    let mut mr = pd.alloc_mr(64, all_access()).unwrap();
-    mr.as_mut_slice()[..5].copy_from_slice(b"hello");
+    let mr = pd.alloc_mr(64, all_access()).unwrap();
+    mr.write_at(0, b"hello").unwrap();
     let smr = sconn._pd.alloc_mr(64, all_access()).unwrap();
     sconn
         .qp
@@ -160,7 +160,7 @@ pub fn connect_accept_disconnect(flavor: Flavor) {
     assert_eq!(fx.wait_wcs(&cconn.cq, 1)[0].status, WcStatus::Success);
     let r = fx.wait_wcs(&sconn.cq, 1)[0];
     assert_eq!((r.wr_id, r.byte_len), (9, 5));
-    assert_eq!(&smr.as_slice()[..5], b"hello");
+    assert_eq!(&smr.read_vec(0..5).unwrap()[..], b"hello");
 
     // Disconnect from the client: both sides see DISCONNECTED, and the QP is in ERR.
     cid.disconnect().unwrap();

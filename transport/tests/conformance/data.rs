@@ -44,7 +44,7 @@ fn pair(flavor: Flavor, rnr_retry: u8) -> Option<Pair> {
 pub fn send_recv(flavor: Flavor) {
     let Some(mut p) = pair(flavor, 7) else { return };
     let data = pattern(4096, 1);
-    p.mr_a.as_mut_slice()[..4096].copy_from_slice(&data);
+    p.mr_a.write_at(0, &data).unwrap();
     p.b.post_recv(&[RecvWr {
         wr_id: 77,
         sges: &[p.mr_b.sge(0, 8192)],
@@ -69,7 +69,7 @@ pub fn send_recv(flavor: Flavor) {
     );
     assert_eq!(r.byte_len, 4096);
     assert_eq!(r.qp_num, p.b.qp_num());
-    assert_eq!(&p.mr_b.as_slice()[..4096], &data[..]);
+    assert_eq!(&p.mr_b.read_vec(0..4096).unwrap()[..], &data[..]);
     // Two SGEs gather into one message and scatter into two.
     p.b.post_recv(&[RecvWr {
         wr_id: 78,
@@ -88,8 +88,8 @@ pub fn send_recv(flavor: Flavor) {
     assert_eq!((r.wr_id, r.byte_len), (78, 20));
     let mut want = data[..5].to_vec();
     want.extend_from_slice(&data[1000..1015]);
-    assert_eq!(&p.mr_b.as_slice()[100..110], &want[..10]);
-    assert_eq!(&p.mr_b.as_slice()[200..210], &want[10..]);
+    assert_eq!(&p.mr_b.read_vec(100..110).unwrap()[..], &want[..10]);
+    assert_eq!(&p.mr_b.read_vec(200..210).unwrap()[..], &want[10..]);
 }
 
 pub fn send_recv_inline(flavor: Flavor) {
@@ -100,7 +100,7 @@ pub fn send_recv_inline(flavor: Flavor) {
         "device granted only {max_inline} inline bytes"
     );
     let data = pattern(32, 9);
-    p.mr_a.as_mut_slice()[..32].copy_from_slice(&data);
+    p.mr_a.write_at(0, &data).unwrap();
     p.b.post_recv(&[RecvWr {
         wr_id: 1,
         sges: &[p.mr_b.sge(0, 64)],
@@ -114,11 +114,11 @@ pub fn send_recv_inline(flavor: Flavor) {
     }])
     .unwrap();
     // Inline data is copied at post time: overwriting the buffer now must not change the message.
-    p.mr_a.as_mut_slice()[..32].fill(0xEE);
+    p.mr_a.write_at(0, &[0xEE; 32]).unwrap();
     assert_eq!(p.fx.wait_wcs(&p.cq_a, 1)[0].status, WcStatus::Success);
     let r = p.fx.wait_wcs(&p.cq_b, 1)[0];
     assert_eq!((r.status, r.byte_len), (WcStatus::Success, 32));
-    assert_eq!(&p.mr_b.as_slice()[..32], &data[..]);
+    assert_eq!(&p.mr_b.read_vec(0..32).unwrap()[..], &data[..]);
 }
 
 pub fn send_with_imm(flavor: Flavor) {
@@ -175,7 +175,7 @@ pub fn unsignaled_sends(flavor: Flavor) {
 pub fn rdma_write_good_rkey(flavor: Flavor) {
     let Some(mut p) = pair(flavor, 7) else { return };
     let data = pattern(20000, 3);
-    p.mr_a.as_mut_slice()[..20000].copy_from_slice(&data);
+    p.mr_a.write_at(0, &data).unwrap();
     p.a.post_send(&[SendWr {
         wr_id: 5,
         op: SendOp::RdmaWrite {
@@ -191,9 +191,9 @@ pub fn rdma_write_good_rkey(flavor: Flavor) {
         (w.wr_id, w.status, w.opcode),
         (5, WcStatus::Success, WcOpcode::RdmaWrite)
     );
-    assert_eq!(&p.mr_b.as_slice()[1000..21000], &data[..]);
+    assert_eq!(&p.mr_b.read_vec(1000..21000).unwrap()[..], &data[..]);
     assert!(
-        p.mr_b.as_slice()[..1000].iter().all(|&b| b == 0),
+        p.mr_b.read_vec(0..1000).unwrap().iter().all(|&b| b == 0),
         "nothing written before the target"
     );
     // The responder consumed no receive and saw no completion.
@@ -242,7 +242,7 @@ pub fn rdma_write_bad_rkey(flavor: Flavor) {
 pub fn rdma_read_good_rkey(flavor: Flavor) {
     let Some(mut p) = pair(flavor, 7) else { return };
     let data = pattern(30000, 5);
-    p.mr_b.as_mut_slice()[..30000].copy_from_slice(&data);
+    p.mr_b.write_at(0, &data).unwrap();
     p.a.post_send(&[SendWr {
         wr_id: 8,
         op: SendOp::RdmaRead {
@@ -259,7 +259,7 @@ pub fn rdma_read_good_rkey(flavor: Flavor) {
         (8, WcStatus::Success, WcOpcode::RdmaRead)
     );
     assert_eq!(w.byte_len, 30000);
-    assert_eq!(&p.mr_a.as_slice()[100..30100], &data[..]);
+    assert_eq!(&p.mr_a.read_vec(100..30100).unwrap()[..], &data[..]);
 }
 
 pub fn rdma_read_bad_rkey(flavor: Flavor) {

@@ -25,8 +25,7 @@ pub fn srq_shared_by_many_qps(flavor: Flavor) {
             limit: 0,
         })
         .unwrap();
-    let mut recv_mr = pd.alloc_mr(QPS * ROUNDS * MSG, all_access()).unwrap();
-    recv_mr.as_mut_slice().fill(0);
+    let recv_mr = pd.alloc_mr(QPS * ROUNDS * MSG, all_access()).unwrap();
     let slots = QPS * ROUNDS;
     let sges: Vec<Sge> = (0..slots)
         .map(|i| recv_mr.sge(i * MSG, MSG as u32))
@@ -49,9 +48,9 @@ pub fn srq_shared_by_many_qps(flavor: Flavor) {
         clients.push(c);
     }
     // Client i sends messages filled with byte i, interleaved across QPs.
-    let mut send_mr = pd.alloc_mr(QPS * MSG, all_access()).unwrap();
+    let send_mr = pd.alloc_mr(QPS * MSG, all_access()).unwrap();
     for i in 0..QPS {
-        send_mr.as_mut_slice()[i * MSG..(i + 1) * MSG].fill(i as u8 + 1);
+        send_mr.write_at(i * MSG, &[i as u8 + 1; MSG]).unwrap();
     }
     for round in 0..ROUNDS {
         for (i, c) in clients.iter_mut().enumerate() {
@@ -85,7 +84,7 @@ pub fn srq_shared_by_many_qps(flavor: Flavor) {
             .get(&w.qp_num)
             .unwrap_or_else(|| panic!("unknown qp_num {}", w.qp_num));
         let slot = w.wr_id as usize;
-        let data = &recv_mr.as_slice()[slot * MSG..(slot + 1) * MSG];
+        let data = &recv_mr.read_vec(slot * MSG..(slot + 1) * MSG).unwrap()[..];
         assert!(
             data.iter().all(|&b| b == i as u8 + 1),
             "slot {slot} from qp {i} holds {data:?}"
@@ -242,8 +241,8 @@ pub fn rnr_retry_forever(flavor: Flavor) {
     let mut a = fx.qp(&pd, &cq_a, &cq_a, None);
     let mut b = fx.qp(&pd, &cq_b, &cq_b, None);
     fx.connect(&mut a, &mut b, 7);
-    let mut mr = pd.alloc_mr(4096, all_access()).unwrap();
-    mr.as_mut_slice()[..4].copy_from_slice(b"ping");
+    let mr = pd.alloc_mr(4096, all_access()).unwrap();
+    mr.write_at(0, b"ping").unwrap();
     a.post_send(&[SendWr {
         wr_id: 1,
         op: SendOp::Send,
@@ -262,7 +261,7 @@ pub fn rnr_retry_forever(flavor: Flavor) {
     assert_eq!((w.wr_id, w.status), (1, WcStatus::Success));
     let r = fx.wait_wcs(&cq_b, 1)[0];
     assert_eq!((r.wr_id, r.byte_len), (2, 4));
-    assert_eq!(&mr.as_slice()[1024..1028], b"ping");
+    assert_eq!(&mr.read_vec(1024..1028).unwrap()[..], b"ping");
 }
 
 pub fn rnr_retry_exceeded(flavor: Flavor) {
@@ -356,14 +355,14 @@ pub fn thousand_qps_one_cq(flavor: Flavor) {
         })
         .collect();
     srq.post_recv(&wrs).unwrap();
-    let mut send_mr = pd.alloc_mr(n * 4, all_access()).unwrap();
+    let send_mr = pd.alloc_mr(n * 4, all_access()).unwrap();
     let mut servers = Vec::with_capacity(n);
     let mut clients = Vec::with_capacity(n);
     for i in 0..n {
         let mut s = fx.qp(&pd, &srv_cq, &srv_cq, Some(&srq));
         let mut c = fx.qp(&pd, &cli_cq, &cli_cq, None);
         fx.connect(&mut c, &mut s, 7);
-        send_mr.as_mut_slice()[i * 4..i * 4 + 4].copy_from_slice(&(i as u32).to_le_bytes());
+        send_mr.write_at(i * 4, &(i as u32).to_le_bytes()).unwrap();
         servers.push(s);
         clients.push(c);
     }
@@ -391,7 +390,9 @@ pub fn thousand_qps_one_cq(flavor: Flavor) {
         let i = owner[&w.qp_num];
         let slot = w.wr_id as usize;
         let v = u32::from_le_bytes(
-            recv_mr.as_slice()[slot * 16..slot * 16 + 4]
+            recv_mr
+                .read_vec(slot * 16..slot * 16 + 4)
+                .unwrap()
                 .try_into()
                 .unwrap(),
         );

@@ -157,9 +157,10 @@ impl Rig {
     /// Host QP `i` sends one capsule (its index, `seq`) and posts a receive for the answer.
     pub fn send(&mut self, i: usize, seq: u32) -> bool {
         let off = i * 64;
-        let buf = self.host.mr.as_mut_slice();
-        buf[off..off + 4].copy_from_slice(&(i as u32).to_le_bytes());
-        buf[off + 4..off + 8].copy_from_slice(&seq.to_le_bytes());
+        let mut capsule = [0u8; 8];
+        capsule[..4].copy_from_slice(&(i as u32).to_le_bytes());
+        capsule[4..].copy_from_slice(&seq.to_le_bytes());
+        self.host.mr.write_at(off, &capsule).unwrap();
         let recv_sge = self
             .host
             .mr

@@ -359,24 +359,23 @@ impl Pingpong {
         self.oob.send("READY")?;
         let w = self.wait(WR_RECV)?;
         check(w.byte_len == size, "SEND/RECV length", w.byte_len, size)?;
-        let got = &self.mr.as_slice()[self.half..self.half + size as usize];
-        if got != pattern(size, 1).as_slice() {
+        let got = self.mr.read_vec(self.half..self.half + size as usize)?;
+        if got != pattern(size, 1) {
             self.oob.send("BAD recv")?;
             bail!("SEND/RECV: the received data differs from what the client sent");
         }
-        let (head, tail) = self.mr.as_mut_slice().split_at_mut(self.half);
-        head[..size as usize].copy_from_slice(&tail[..size as usize]);
+        self.mr.write_at(0, &got)?;
         self.post_send(size)?;
         self.wait(WR_SEND)?;
         // RDMA WRITE: the client writes into our first half, then says so.
         self.oob.send("OK")?;
         self.expect_polling("WROTE")?;
-        if self.mr.as_slice()[..size as usize] != pattern(size, 2)[..] {
+        if self.mr.read_vec(0..size as usize)? != pattern(size, 2) {
             self.oob.send("BAD write")?;
             bail!("RDMA WRITE: the data in the server's buffer differs from what the client wrote");
         }
         // RDMA READ: the client reads our first half.
-        self.mr.as_mut_slice()[..size as usize].copy_from_slice(&pattern(size, 3));
+        self.mr.write_at(0, &pattern(size, 3))?;
         self.oob.send("OK")?;
         self.expect_polling("READ")?;
         Ok(())
@@ -473,17 +472,17 @@ impl Pingpong {
         self.oob.expect("READY")?;
         // SEND/RECV there and back.
         self.post_recv(size)?;
-        self.mr.as_mut_slice()[..size as usize].copy_from_slice(&pattern(size, 1));
+        self.mr.write_at(0, &pattern(size, 1))?;
         self.post_send(size)?;
         self.wait(WR_SEND)?;
         let w = self.wait(WR_RECV)?;
         check(w.byte_len == size, "echoed length", w.byte_len, size)?;
-        if self.mr.as_slice()[self.half..self.half + size as usize] != pattern(size, 1)[..] {
+        if self.mr.read_vec(self.half..self.half + size as usize)? != pattern(size, 1) {
             bail!("SEND/RECV: the echoed data differs from what was sent");
         }
         self.oob.expect("OK")?;
         // RDMA WRITE into the server's first half.
-        self.mr.as_mut_slice()[..size as usize].copy_from_slice(&pattern(size, 2));
+        self.mr.write_at(0, &pattern(size, 2))?;
         let sge = self.mr.sge(0, size);
         let op = SendOp::RdmaWrite {
             remote_addr: self.peer.addr,
@@ -514,7 +513,7 @@ impl Pingpong {
             flags: SendFlags::SIGNALED,
         }])?;
         self.wait(WR_READ)?;
-        if self.mr.as_slice()[self.half..self.half + size as usize] != pattern(size, 3)[..] {
+        if self.mr.read_vec(self.half..self.half + size as usize)? != pattern(size, 3) {
             bail!("RDMA READ: the data read differs from the server's buffer");
         }
         self.oob.send("READ")?;
