@@ -10,7 +10,7 @@ step "network: netdev $NETDEV $IP mtu $MTU"; setup_net
 step "rdma_rxe"; setup_rxe || exit 1
 step "conformance suite on rxe0 ($BIN)"
 export NVMF_TEST_IP=$IP NVMF_TEST_DEVICE=rxe0 NVMF_TEST_PATIENCE_SECS=120 NVMF_TEST_MANY_QPS=${NVMF_TEST_MANY_QPS:-1000}
-"$BIN" conformance_verbs --test-threads=1 2>&1
+"$BIN" conformance_verbs --include-ignored --test-threads=1 2>&1
 rc=$?
 step "done (rc=$rc)"
 exit $rc

@@ -17,10 +17,10 @@ step "nvmf-rdma devices --ip $IP"
 "$RDMA" --provider verbs devices --ip "$IP" || fail=1
 
 step "conformance suite on rxe0"
-"$CONF" conformance_verbs --test-threads=1 2>&1 || fail=1
+"$CONF" conformance_verbs --include-ignored --test-threads=1 2>&1 || fail=1
 
 step "poll-group suite on rxe0 (orphans, drains, overrun, 1000 qpairs)"
-"$PG" pollgroup_verbs --test-threads=1 --nocapture 2>&1 | grep -v '^$' || fail=1
+"$PG" pollgroup_verbs --include-ignored --test-threads=1 --nocapture 2>&1 | grep -v '^$' || fail=1
 
 step "nvmf-rdma pingpong over rxe0 (GID index $GIDX)"
 "$RDMA" --provider verbs pingpong server --listen "$IP:18515" > /tmp/pp_srv.log 2>&1 & S=$!

@@ -12,7 +12,7 @@ step "network: netdev $NETDEV $IP mtu $MTU"; setup_net
 step "rdma_rxe"; setup_rxe || exit 1
 step "verbs provider live tests: $BIN"
 export NVMF_LAB_IP=$IP RUST_BACKTRACE=1
-"$BIN" verbs_live --test-threads=1 --nocapture; rc=$?
+"$BIN" verbs_live --include-ignored --test-threads=1 --nocapture; rc=$?
 step "done (rc=$rc)"
 dmesg | grep -iE 'rxe|rdma|infiniband' | tail -10
 exit $rc

@@ -1,6 +1,6 @@
 //! Live tests against a real verbs device (Soft-RoCE in the QEMU lab guest:
-//! tests/lab/guest-verbs-provider.sh). Each one prints a notice and passes when no device
-//! exists, so they are harmless on the build host. The address the device serves comes from
+//! tests/lab/guest-verbs-provider.sh). Each one is `#[ignore]`d, so the build host reports it
+//! as skipped; the lab runs them with `--include-ignored`, and there a missing device fails. The address the device serves comes from
 //! `NVMF_LAB_IP` (default 10.10.0.1, the guest's).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -19,14 +19,21 @@ fn lab_ip() -> Ipv4Addr {
         .unwrap_or(Ipv4Addr::new(10, 10, 0, 1))
 }
 
-/// The first verbs device, or None (with a notice) when there is none.
-fn device(test: &str) -> Option<VerbsContext> {
+/// Why every live test is ignored outside the lab.
+macro_rules! needs_device {
+    () => {
+        "needs an RDMA device: run in the QEMU lab (tests/lab/guest-verbs-provider.sh)"
+    };
+}
+
+/// The first verbs device. These tests are `#[ignore]`d, so they run only when asked
+/// (`--include-ignored` in the lab): there a missing device is a failure, not a skip.
+fn device(test: &str) -> VerbsContext {
     let devs = Verbs::devices().unwrap();
     let Some(d) = devs.first() else {
-        println!("SKIP {test}: no verbs device (Verbs::devices() is empty)");
-        return None;
+        panic!("{test}: no verbs device (Verbs::devices() is empty); it must run where one exists");
     };
-    Some(Verbs::open(&d.name).unwrap())
+    Verbs::open(&d.name).unwrap()
 }
 
 fn poll_n(cq: &VerbsCq, n: usize) -> Vec<WorkCompletion> {
@@ -155,10 +162,9 @@ fn send(wr_id: u64, op: SendOp, sges: &[Sge], flags: SendFlags) -> SendWr<'_> {
 }
 
 #[test]
+#[ignore = needs_device!()]
 fn verbs_live_device_port_gids() {
-    let Some(ctx) = device("verbs_live_device_port_gids") else {
-        return;
-    };
+    let ctx = device("verbs_live_device_port_gids");
     let d = ctx.query_device().unwrap();
     println!("device {}: {d:#?}", ctx.name());
     assert!(d.max_qp > 0 && d.max_qp_wr > 0 && d.max_sge > 0 && d.max_srq_wr > 0);
@@ -222,10 +228,9 @@ fn verbs_live_device_port_gids() {
 }
 
 #[test]
+#[ignore = needs_device!()]
 fn verbs_live_mr_and_errors() {
-    let Some(ctx) = device("verbs_live_mr_and_errors") else {
-        return;
-    };
+    let ctx = device("verbs_live_mr_and_errors");
     let pd = ctx.alloc_pd().unwrap();
     let mr = pd.alloc_mr(3 * 4096 + 1, ALL).unwrap();
     assert_eq!(mr.addr() % 4096, 0);
@@ -300,10 +305,9 @@ fn verbs_live_mr_and_errors() {
 }
 
 #[test]
+#[ignore = needs_device!()]
 fn verbs_live_send_recv_inline_imm() {
-    let Some(ctx) = device("verbs_live_send_recv_inline_imm") else {
-        return;
-    };
+    let ctx = device("verbs_live_send_recv_inline_imm");
     let mut p = pair(&ctx);
     let ma = p.pd.alloc_mr(8192, ALL).unwrap();
     let mb = p.pd.alloc_mr(8192, ALL).unwrap();
@@ -397,10 +401,9 @@ fn verbs_live_send_recv_inline_imm() {
 }
 
 #[test]
+#[ignore = needs_device!()]
 fn verbs_live_rdma_write_read_and_bad_rkey() {
-    let Some(ctx) = device("verbs_live_rdma_write_read_and_bad_rkey") else {
-        return;
-    };
+    let ctx = device("verbs_live_rdma_write_read_and_bad_rkey");
     let mut p = pair(&ctx);
     let local = p.pd.alloc_mr(4096, ALL).unwrap();
     let remote = p.pd.alloc_mr(4096, ALL).unwrap();
@@ -525,10 +528,9 @@ fn verbs_live_rdma_write_read_and_bad_rkey() {
 }
 
 #[test]
+#[ignore = needs_device!()]
 fn verbs_live_srq_shared_and_flush() {
-    let Some(ctx) = device("verbs_live_srq_shared_and_flush") else {
-        return;
-    };
+    let ctx = device("verbs_live_srq_shared_and_flush");
     let gidx = ctx.gid_index_for(1, lab_ip().into()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let srq = pd
@@ -686,10 +688,9 @@ fn verbs_live_srq_shared_and_flush() {
 }
 
 #[test]
+#[ignore = needs_device!()]
 fn verbs_live_comp_channel_wakeup() {
-    let Some(ctx) = device("verbs_live_comp_channel_wakeup") else {
-        return;
-    };
+    let ctx = device("verbs_live_comp_channel_wakeup");
     let gidx = ctx.gid_index_for(1, lab_ip().into()).unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let ch = ctx.create_comp_channel().unwrap();
@@ -786,10 +787,9 @@ fn cm_side(mut id: VerbsCmId) -> CmSide {
 }
 
 #[test]
+#[ignore = needs_device!()]
 fn verbs_live_cm_connect_accept_reject_disconnect() {
-    let Some(ctx) = device("verbs_live_cm_connect_accept_reject_disconnect") else {
-        return;
-    };
+    let ctx = device("verbs_live_cm_connect_accept_reject_disconnect");
     let ch = Verbs::create_cm_channel().unwrap();
     let fd = ch.fd();
     assert!(is_nonblocking(fd));
@@ -1032,10 +1032,9 @@ fn verbs_live_cm_connect_accept_reject_disconnect() {
 }
 
 #[test]
+#[ignore = needs_device!()]
 fn verbs_live_send_with_inv_and_cq_overrun() {
-    let Some(ctx) = device("verbs_live_send_with_inv_and_cq_overrun") else {
-        return;
-    };
+    let ctx = device("verbs_live_send_with_inv_and_cq_overrun");
     // SEND_WITH_INV of an ordinary MR's rkey: the device accepts the opcode; invalidating a
     // key that is not a fast-registration MR or memory window is a remote error on rxe.
     let mut p = pair(&ctx);
