@@ -10,7 +10,8 @@ use std::os::fd::RawFd;
 
 use crate::error::{PostError, Result, TransportError};
 use crate::provider::{
-    CompChannelOps, ContextOps, CqOps, MrOps, PdOps, Provider, QpInit, QpOps, SrqOps,
+    CompChannelOps, ContextOps, CqOps, MrOps, MwOps, OwnedMemory, PdOps, Provider, QpInit, QpOps,
+    SrqOps,
 };
 use crate::types::*;
 
@@ -74,6 +75,10 @@ facade!(
 facade!(
     /// A registered memory region.
     Mr, <Soft as Provider>::Mr, <Verbs as Provider>::Mr
+);
+facade!(
+    /// A type-2 memory window.
+    Mw, <Soft as Provider>::Mw, <Verbs as Provider>::Mw
 );
 facade!(
     /// A completion channel (one fd for many CQs).
@@ -224,8 +229,26 @@ impl Pd {
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<Mr> {
         dispatch!(self, p => p.alloc_mr(len, access).map(Mr::from))
     }
+    /// Register a caller's buffer, kept by the region until it drops.
     pub fn reg_mr(&self, buf: Box<[u8]>, access: Access) -> Result<Mr> {
-        dispatch!(self, p => p.reg_mr(buf, access).map(Mr::from))
+        self.reg_mr_owned(buf, access)
+    }
+    /// Register memory the region keeps alive until it drops (see `provider::OwnedMemory`).
+    pub fn reg_mr_owned<B: OwnedMemory>(&self, buf: B, access: Access) -> Result<Mr> {
+        dispatch!(self, p => p.reg_mr_owned(buf, access).map(Mr::from))
+    }
+    /// Register `ptr..ptr + len`, memory the caller keeps.
+    ///
+    /// # Safety
+    /// As `provider::PdOps::reg_mr_raw`: the memory stays valid (not freed or unmapped) until
+    /// the returned region is dropped, and is touched meanwhile only as `Mr::view` allows.
+    pub unsafe fn reg_mr_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        // SAFETY: the caller's contract is the provider method's.
+        dispatch!(self, p => unsafe { p.reg_mr_raw(ptr, len, access) }.map(Mr::from))
+    }
+    /// A type-2 memory window (`Unsupported` where the device has no MEM_WINDOW).
+    pub fn alloc_mw(&self) -> Result<Mw> {
+        dispatch!(self, p => p.alloc_mw().map(Mw::from))
     }
     pub fn create_srq(&self, init: &SrqInit) -> Result<Srq> {
         dispatch!(self, p => p.create_srq(init).map(Srq::from))
@@ -307,6 +330,7 @@ macro_rules! accessors {
 }
 accessors!(Pd, <Soft as Provider>::Pd, <Verbs as Provider>::Pd);
 accessors!(Mr, <Soft as Provider>::Mr, <Verbs as Provider>::Mr);
+accessors!(Mw, <Soft as Provider>::Mw, <Verbs as Provider>::Mw);
 accessors!(
     CompChannel,
     <Soft as Provider>::CompChannel,
@@ -376,6 +400,27 @@ impl Mr {
     /// programming error).
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
         dispatch!(self, m => m.sge(offset, len))
+    }
+}
+
+impl Mw {
+    /// What `SendOp::BindMw::mw` names this window by.
+    pub fn handle(&self) -> u32 {
+        dispatch!(self, w => w.handle())
+    }
+    /// The rkey of the latest bind built by `bind`.
+    pub fn rkey(&self) -> u32 {
+        dispatch!(self, w => w.rkey())
+    }
+    /// The `SendOp::BindMw` that binds this window over `offset..offset + len` of `mr`
+    /// (registered with `Access::MW_BIND`), granting `access`; post it on a QP of the same PD.
+    pub fn bind(&mut self, mr: &Mr, offset: usize, len: usize, access: Access) -> Result<SendOp> {
+        match self {
+            #[cfg(feature = "soft")]
+            Self::Soft(w) => w.bind(mr.as_soft()?, offset, len, access),
+            #[cfg(feature = "rdma")]
+            Self::Verbs(w) => w.bind(mr.as_verbs()?, offset, len, access),
+        }
     }
 }
 

@@ -26,6 +26,7 @@ pub mod soft;
 pub mod verbs;
 
 pub use cm::{CmChannel, CmEvent, CmId};
-pub use device::{CompChannel, Context, Cq, DeviceSpec, Mr, Pd, Qp, QpInitAttr, Srq, devices};
+pub use device::{CompChannel, Context, Cq, DeviceSpec, Mr, Mw, Pd, Qp, QpInitAttr, Srq, devices};
 pub use error::{PostError, Result, TransportError};
+pub use provider::OwnedMemory;
 pub use types::*;

@@ -27,6 +27,7 @@ pub trait Provider: Sized + 'static {
     type Context: ContextOps<Self>;
     type Pd: PdOps<Self>;
     type Mr: MrOps;
+    type Mw: MwOps<Self>;
     type CompChannel: CompChannelOps;
     type Cq: CqOps;
     type Srq: SrqOps;
@@ -63,9 +64,24 @@ pub trait ContextOps<P: Provider>: Clone + Send + Sync {
 pub trait PdOps<P: Provider>: Clone + Send + Sync {
     /// Allocate `len` bytes of page-aligned, zeroed memory and register it.
     fn alloc_mr(&self, len: usize, access: Access) -> Result<P::Mr>;
-    /// Register caller memory. The region keeps the buffer alive until it is deregistered
-    /// (dropped), so the device can never write to freed memory.
-    fn reg_mr(&self, buf: Box<[u8]>, access: Access) -> Result<P::Mr>;
+    /// Register memory the caller owns and hands over: the region keeps `buf` alive until it
+    /// is deregistered (dropped), so the device can never write to freed memory.
+    fn reg_mr_owned<B: OwnedMemory>(&self, buf: B, access: Access) -> Result<P::Mr>;
+    /// Register `ptr..ptr + len`, memory the caller keeps (a block client's buffers, huge
+    /// pages, an io_uring-registered buffer).
+    ///
+    /// # Safety
+    /// The memory is valid for reads and writes for `len` bytes, and stays allocated (not
+    /// freed, unmapped or remapped) until the returned region is dropped; the device and any
+    /// peer holding the rkey may access it at any time until then. While it is registered the
+    /// caller touches it only as `MrOps::view` / `view_mut` allow (no reference to a range a
+    /// work request or an rkey may write), or through the region's `read_at` / `write_at`.
+    /// On the soft provider, memory registered more than once must be registered with the
+    /// same bounds (the bounds fix the access size of the race-free copies, `shared_mem`).
+    unsafe fn reg_mr_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<P::Mr>;
+    /// A type-2 memory window (bound by a `SendOp::BindMw` work request). `Unsupported` where
+    /// the device does not report `DeviceCapFlags::MEM_WINDOW`.
+    fn alloc_mw(&self) -> Result<P::Mw>;
     fn create_srq(&self, init: &SrqInit) -> Result<P::Srq>;
     fn create_qp(&self, init: &QpInit<'_, P>) -> Result<P::Qp>;
 }
@@ -181,6 +197,103 @@ pub trait MrOps: Send {
             lkey: self.lkey(),
         }
     }
+}
+
+/// Memory an owner hands to a region to keep until the region is dropped.
+///
+/// # Safety
+/// `as_mut_ptr()` returns the same pointer every time, valid for reads and writes for `len()`
+/// bytes for as long as the value lives, and moving the value does not move that memory
+/// (heap- or mmap-backed, or `'static`).
+pub unsafe trait OwnedMemory: Send + 'static {
+    fn as_mut_ptr(&mut self) -> *mut u8;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+// SAFETY: a boxed slice's heap memory does not move with the box.
+unsafe impl OwnedMemory for Box<[u8]> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+// SAFETY: the vector is never grown or shrunk through this trait, so its heap buffer stays.
+unsafe impl OwnedMemory for Vec<u8> {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        Vec::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+// SAFETY: 'static memory is never freed; the exclusive borrow is held by the region.
+unsafe impl OwnedMemory for &'static mut [u8] {
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        <[u8]>::as_mut_ptr(self)
+    }
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+}
+
+/// A type-2 memory window: an rkey over part of a region, pointed by a bind work request and
+/// withdrawn by an invalidation (`SendOp::LocalInv` here, or the peer's `SendWithInv`). The
+/// NVMe-oF host's keyed SGLs use one per command.
+pub trait MwOps<P: Provider>: Send {
+    /// What `SendOp::BindMw::mw` names this window by.
+    fn handle(&self) -> u32;
+    /// The rkey of the latest bind built by [`bind`](MwOps::bind) (valid once that bind WR
+    /// has executed, until it is invalidated).
+    fn rkey(&self) -> u32;
+    /// The work request that binds this window over `offset..offset + len` of `mr` (which
+    /// must have `Access::MW_BIND`) granting `access` (REMOTE_READ / REMOTE_WRITE); post it
+    /// on a QP of the same PD. The window's rkey becomes the returned op's `rkey`.
+    fn bind(&mut self, mr: &P::Mr, offset: usize, len: usize, access: Access) -> Result<SendOp>;
+}
+
+/// `MwOps::bind` for every provider: checks, and the next rkey (low byte incremented, as
+/// `ibv_inc_rkey`).
+pub(crate) fn bind_op(
+    handle: u32,
+    rkey: u32,
+    mr: &impl MrOps,
+    offset: usize,
+    len: usize,
+    access: Access,
+) -> Result<SendOp> {
+    use crate::error::TransportError;
+    if offset.checked_add(len).is_none_or(|end| end > mr.len()) {
+        return Err(TransportError::OutOfBounds {
+            offset,
+            len,
+            size: mr.len(),
+        });
+    }
+    if !mr.access().contains(Access::MW_BIND) {
+        return Err(TransportError::InvalidArgument(
+            "binding a memory window needs a region registered with Access::MW_BIND".into(),
+        ));
+    }
+    if !(Access::REMOTE_READ | Access::REMOTE_WRITE).contains(access) {
+        return Err(TransportError::InvalidArgument(format!(
+            "a memory window grants only REMOTE_READ / REMOTE_WRITE, not {access:?}"
+        )));
+    }
+    Ok(SendOp::BindMw {
+        mw: handle,
+        rkey: (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff),
+        lkey: mr.lkey(),
+        addr: mr.addr() + offset as u64,
+        length: len as u64,
+        access,
+    })
 }
 
 /// A completion channel: one fd that becomes readable when any armed CQ attached to it gets a

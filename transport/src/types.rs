@@ -243,6 +243,8 @@ bitflags::bitflags! {
         const LOCAL_WRITE = 1;
         const REMOTE_WRITE = 1 << 1;
         const REMOTE_READ = 1 << 2;
+        /// A memory window may be bound over the region (`IBV_ACCESS_MW_BIND`).
+        const MW_BIND = 1 << 4;
     }
 }
 
@@ -290,6 +292,24 @@ pub enum SendOp {
     RdmaRead {
         remote_addr: u64,
         rkey: u32,
+    },
+    /// Invalidate `rkey` (a bound type-2 memory window of this QP's PD) at this side, in send
+    /// queue order. A key that is not a bound window of the PD fails the WR (LOC_QP_OP_ERR).
+    LocalInv {
+        rkey: u32,
+    },
+    /// Bind a type-2 memory window over `addr..addr + length` of the region `lkey` names (which
+    /// was registered with `Access::MW_BIND`), granting `access`; once it executes the window
+    /// answers to `rkey`. Build it with `Mw::bind` (it picks the next rkey), never by hand.
+    BindMw {
+        /// The window's handle (`Mw::handle`).
+        mw: u32,
+        /// The rkey the window takes (the old one with its low byte incremented).
+        rkey: u32,
+        lkey: u32,
+        addr: u64,
+        length: u64,
+        access: Access,
     },
 }
 

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::channel::{EventQueue, SoftCompChannel};
 use super::cq::CqInner;
-use super::mem::{KeyTable, SOFT_MAX_SGE};
+use super::mem::{KeyTable, SOFT_MAX_SGE, SoftMw, Source};
 use super::qp::QpShared;
 use super::tcp::TcpFabric;
 use super::{Soft, SoftCq, SoftMr, SoftQp, SoftSrq};
 use crate::error::{Result, TransportError};
-use crate::provider::{ContextOps, PdOps, QpInit};
+use crate::provider::{ContextOps, OwnedMemory, PdOps, QpInit};
 use crate::types::*;
 
 /// QP numbers are 24 bits; 0 and 1 are reserved (SMI / GSI).
@@ -252,8 +252,9 @@ impl DeviceInner {
 
     fn attr(&self) -> DeviceAttr {
         let c = &self.cfg;
-        let mut cap = DeviceCapFlags::RC_RNR_NAK_GEN | DeviceCapFlags::MEM_MGT_EXTENSIONS;
-        cap |= DeviceCapFlags::empty();
+        let cap = DeviceCapFlags::RC_RNR_NAK_GEN
+            | DeviceCapFlags::MEM_MGT_EXTENSIONS
+            | DeviceCapFlags::MEM_WINDOW;
         DeviceAttr {
             fw_ver: format!("soft-{}", env!("CARGO_PKG_VERSION")),
             node_guid: guid(c.ip, self.index),
@@ -411,10 +412,17 @@ impl SoftPd {
 
 impl PdOps<Soft> for SoftPd {
     fn alloc_mr(&self, len: usize, access: Access) -> Result<SoftMr> {
-        SoftMr::new(self, len, None, access)
+        SoftMr::new(self, Source::Alloc(len), access)
     }
-    fn reg_mr(&self, buf: Box<[u8]>, access: Access) -> Result<SoftMr> {
-        SoftMr::new(self, buf.len(), Some(buf), access)
+    fn reg_mr_owned<B: OwnedMemory>(&self, mut buf: B, access: Access) -> Result<SoftMr> {
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        SoftMr::new(self, Source::Owned(Box::new(buf), ptr, len), access)
+    }
+    unsafe fn reg_mr_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<SoftMr> {
+        SoftMr::new(self, Source::Raw(ptr, len), access)
+    }
+    fn alloc_mw(&self) -> Result<SoftMw> {
+        SoftMw::new(self)
     }
     fn create_srq(&self, init: &SrqInit) -> Result<SoftSrq> {
         SoftSrq::new(self, init)

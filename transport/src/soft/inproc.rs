@@ -180,6 +180,11 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
                 byte_len: len as u32,
             }
         }
+        // Local operations never reach the peer: the send queue runs them itself.
+        SendOp::LocalInv { .. } | SendOp::BindMw { .. } => match req.execute_local(&wr.op) {
+            Ok(()) => Outcome::Done { byte_len: 0 },
+            Err(status) => Outcome::Fail(status),
+        },
     }
 }
 

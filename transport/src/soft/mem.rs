@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use super::SoftPd;
 use super::device::DeviceInner;
 use crate::error::{Result, TransportError};
-use crate::provider::MrOps;
+use crate::provider::{MrOps, MwOps, bind_op};
 use crate::shared_mem::{self, Region};
 use crate::types::*;
 
@@ -34,6 +34,8 @@ const GEN_SHIFT: u32 = 32;
 const COUNT_MASK: u64 = 0xffff_ffff;
 /// Slot flag (in `flags`): this slot is an rkey.
 const REMOTE_KEY: u32 = 1 << 31;
+/// Slot flag: this slot is a type-2 memory window (an rkey that binds and invalidates).
+const WINDOW: u32 = 1 << 30;
 
 #[derive(Default)]
 struct KeySlot {
@@ -46,6 +48,10 @@ struct KeySlot {
     region_len: AtomicU64,
     flags: AtomicU32,
     pd: AtomicU32,
+    /// A bound window: the lkey of the region it lies in. A lookup pins that region too, so
+    /// the region cannot be freed under a copy through the window, and a window over a
+    /// deregistered region stops working.
+    parent: AtomicU32,
 }
 
 /// Why a key lookup failed.
@@ -65,6 +71,8 @@ pub(crate) enum KeyError {
 /// freed; `addr..addr+len` lies inside it.
 pub(crate) struct KeyRef<'a> {
     slot: &'a KeySlot,
+    /// A window's region, pinned as well.
+    parent: Option<&'a KeySlot>,
     addr: u64,
     len: u64,
     region: Region,
@@ -73,7 +81,50 @@ pub(crate) struct KeyRef<'a> {
 impl Drop for KeyRef<'_> {
     fn drop(&mut self) {
         self.slot.state.fetch_sub(1, Ordering::Release);
+        if let Some(p) = self.parent {
+            p.state.fetch_sub(1, Ordering::Release);
+        }
     }
+}
+
+/// Take an in-flight reference on `slot` if it is VALID with `generation`.
+fn pin(slot: &KeySlot, generation: u64) -> bool {
+    let mut cur = slot.state.load(Ordering::Acquire);
+    loop {
+        if cur & VALID == 0 || (cur >> GEN_SHIFT) & 0xff != generation {
+            return false;
+        }
+        match slot
+            .state
+            .compare_exchange_weak(cur, cur + 1, Ordering::Acquire, Ordering::Acquire)
+        {
+            Ok(_) => return true,
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// Wait until no copy holds an in-flight reference on `slot` (a memcpy long: spin, yield).
+fn drain(slot: &KeySlot) {
+    let mut spins = 0u32;
+    while slot.state.load(Ordering::Acquire) & COUNT_MASK != 0 {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Why a memory-window operation failed (the WR's completion status says which).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WindowError {
+    /// Not a window of this PD, or already bound (a type-2 window is invalidated first).
+    BadWindow,
+    /// The region: unknown lkey, other PD, range outside it, no MW_BIND, or a writable window
+    /// over a region without LOCAL_WRITE.
+    BadRegion,
 }
 
 #[derive(Default)]
@@ -107,6 +158,33 @@ impl KeyTable {
 
     /// Register `addr..addr+len` under a new key.
     fn register(&self, addr: u64, len: u64, access: Access, pd: u32, remote: bool) -> Result<u32> {
+        let index = self.take_slot()?;
+        let slot = self.slot_of(index);
+        let generation = (slot.state.load(Ordering::Acquire) >> GEN_SHIFT) & 0xff;
+        slot.addr.store(addr, Ordering::Relaxed);
+        slot.len.store(len, Ordering::Relaxed);
+        slot.region_base.store(addr, Ordering::Relaxed);
+        slot.region_len.store(len, Ordering::Relaxed);
+        slot.flags.store(
+            access.bits() | if remote { REMOTE_KEY } else { 0 },
+            Ordering::Relaxed,
+        );
+        slot.pd.store(pd, Ordering::Relaxed);
+        slot.parent.store(0, Ordering::Relaxed);
+        // Publishes the fields above to every lookup that observes VALID.
+        slot.state
+            .store(VALID | (generation << GEN_SHIFT), Ordering::Release);
+        Ok((index << 8) | generation as u32)
+    }
+
+    /// The slot `index` (allocated, so its chunk exists).
+    fn slot_of(&self, index: u32) -> &KeySlot {
+        let chunk = self.chunks[(index >> CHUNK_BITS) as usize]
+            .get_or_init(|| (0..CHUNK).map(|_| KeySlot::default()).collect());
+        &chunk[index as usize & (CHUNK - 1)]
+    }
+
+    fn take_slot(&self) -> Result<u32> {
         let index = {
             let mut fl = self.free.lock().unwrap_or_else(|e| e.into_inner());
             match fl.free.pop() {
@@ -125,23 +203,93 @@ impl KeyTable {
                 }
             }
         };
-        let chunk = self.chunks[(index >> CHUNK_BITS) as usize]
-            .get_or_init(|| (0..CHUNK).map(|_| KeySlot::default()).collect());
-        let slot = &chunk[index as usize & (CHUNK - 1)];
+        Ok(index)
+    }
+
+    /// A new, unbound type-2 window of `pd`: its slot, and the key it starts with (which
+    /// answers nothing until a bind gives it a generation).
+    fn reserve_window(&self, pd: u32) -> Result<u32> {
+        let index = self.take_slot()?;
+        let slot = self.slot_of(index);
         let generation = (slot.state.load(Ordering::Acquire) >> GEN_SHIFT) & 0xff;
+        slot.flags.store(REMOTE_KEY | WINDOW, Ordering::Relaxed);
+        slot.pd.store(pd, Ordering::Relaxed);
+        slot.parent.store(0, Ordering::Relaxed);
+        slot.state.store(generation << GEN_SHIFT, Ordering::Release);
+        Ok((index << 8) | generation as u32)
+    }
+
+    /// Execute a bind WR: window `rkey >> 8` of `pd`, unbound, takes `rkey` over
+    /// `addr..addr+len` of the region `lkey` names, granting `access`.
+    pub(crate) fn bind_window(
+        &self,
+        pd: u32,
+        rkey: u32,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> std::result::Result<(), WindowError> {
+        let slot = self.slot(rkey >> 8).ok_or(WindowError::BadWindow)?;
+        let flags = slot.flags.load(Ordering::Relaxed);
+        if flags & WINDOW == 0 || slot.pd.load(Ordering::Relaxed) != pd {
+            return Err(WindowError::BadWindow);
+        }
+        if slot.state.load(Ordering::Acquire) & VALID != 0 {
+            return Err(WindowError::BadWindow);
+        }
+        let region = self
+            .lookup(lkey, false, pd, addr, len, Access::empty())
+            .map_err(|_| WindowError::BadRegion)?;
+        let region_flags = Access::from_bits_truncate(region.slot.flags.load(Ordering::Relaxed));
+        if !region_flags.contains(Access::MW_BIND)
+            || (access.contains(Access::REMOTE_WRITE)
+                && !region_flags.contains(Access::LOCAL_WRITE))
+        {
+            return Err(WindowError::BadRegion);
+        }
+        // Copies through the window's previous binding may still run: its fields change only
+        // once they are done.
+        drain(slot);
         slot.addr.store(addr, Ordering::Relaxed);
         slot.len.store(len, Ordering::Relaxed);
-        slot.region_base.store(addr, Ordering::Relaxed);
-        slot.region_len.store(len, Ordering::Relaxed);
-        slot.flags.store(
-            access.bits() | if remote { REMOTE_KEY } else { 0 },
+        slot.region_base
+            .store(region.region.base as u64, Ordering::Relaxed);
+        slot.region_len.store(
+            (region.region.end - region.region.base) as u64,
             Ordering::Relaxed,
         );
-        slot.pd.store(pd, Ordering::Relaxed);
-        // Publishes the fields above to every lookup that observes VALID.
+        slot.flags.store(
+            (access & (Access::REMOTE_READ | Access::REMOTE_WRITE)).bits() | REMOTE_KEY | WINDOW,
+            Ordering::Relaxed,
+        );
+        slot.parent.store(lkey, Ordering::Relaxed);
+        drop(region);
+        // Publishes the binding; the count is zero (drained) and only a bind or a free moves
+        // an unbound window's state, both on the owner's thread.
+        slot.state.store(
+            VALID | (u64::from(rkey & 0xff) << GEN_SHIFT),
+            Ordering::Release,
+        );
+        Ok(())
+    }
+
+    /// Free a window's slot (`Mw` dropped): it stops answering, then waits for copies.
+    fn release_window(&self, key: u32) {
+        let index = key >> 8;
+        let Some(slot) = self.slot(index) else { return };
+        let cur = slot.state.fetch_and(!VALID, Ordering::AcqRel);
+        drain(slot);
+        let generation = (cur >> GEN_SHIFT) & 0xff;
         slot.state
-            .store(VALID | (generation << GEN_SHIFT), Ordering::Release);
-        Ok((index << 8) | generation as u32)
+            .store(((generation + 1) & 0xff) << GEN_SHIFT, Ordering::Release);
+        slot.parent.store(0, Ordering::Relaxed);
+        slot.flags.store(0, Ordering::Relaxed);
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free
+            .push(index);
     }
 
     /// Pin `key`'s region for `addr..addr+len` with `need` access. Never blocks.
@@ -155,33 +303,30 @@ impl KeyTable {
         need: Access,
     ) -> std::result::Result<KeyRef<'_>, KeyError> {
         let slot = self.slot(key >> 8).ok_or(KeyError::Unknown)?;
-        let generation = u64::from(key & 0xff);
-        let mut cur = slot.state.load(Ordering::Acquire);
-        loop {
-            if cur & VALID == 0 || (cur >> GEN_SHIFT) & 0xff != generation {
-                return Err(KeyError::Unknown);
-            }
-            match slot.state.compare_exchange_weak(
-                cur,
-                cur + 1,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(now) => cur = now,
-            }
+        if !pin(slot, u64::from(key & 0xff)) {
+            return Err(KeyError::Unknown);
         }
-        // From here the guard keeps the slot's fields stable (re-registration needs count 0).
+        // From here the guard keeps the slot's fields stable (re-registration and rebinding
+        // wait for count 0).
         let region = Region::new(
             slot.region_base.load(Ordering::Relaxed) as usize,
             slot.region_len.load(Ordering::Relaxed) as usize,
         );
-        let pinned = KeyRef {
+        let mut pinned = KeyRef {
             slot,
+            parent: None,
             addr,
             len,
             region,
         };
+        let parent = slot.parent.load(Ordering::Relaxed);
+        if parent != 0 {
+            let parent_slot = self.slot(parent >> 8).ok_or(KeyError::Unknown)?;
+            if !pin(parent_slot, u64::from(parent & 0xff)) {
+                return Err(KeyError::Unknown);
+            }
+            pinned.parent = Some(parent_slot);
+        }
         let flags = slot.flags.load(Ordering::Relaxed);
         if (flags & REMOTE_KEY != 0) != remote {
             return Err(KeyError::Unknown);
@@ -201,14 +346,14 @@ impl KeyTable {
         Ok(pinned)
     }
 
-    /// Remote invalidation (SEND_WITH_INV): the rkey stops working; the slot stays taken until
-    /// its MR is deregistered. Returns false when `rkey` is not a live rkey of `pd`.
+    /// Invalidation (a peer's SEND_WITH_INV, a local LOCAL_INV): a bound window's rkey stops
+    /// working; the window may be bound again. Returns false when `rkey` is not a bound window
+    /// of `pd`: as on hardware, a plain MR's rkey cannot be invalidated (the WR fails).
     pub(crate) fn invalidate_rkey(&self, rkey: u32, pd: u32) -> bool {
         let Some(slot) = self.slot(rkey >> 8) else {
             return false;
         };
-        if slot.flags.load(Ordering::Relaxed) & REMOTE_KEY == 0
-            || slot.pd.load(Ordering::Relaxed) != pd
+        if slot.flags.load(Ordering::Relaxed) & WINDOW == 0 || slot.pd.load(Ordering::Relaxed) != pd
         {
             return false;
         }
@@ -239,16 +384,7 @@ impl KeyTable {
         if (cur >> GEN_SHIFT) & 0xff != generation {
             return;
         }
-        // In-flight copies are a memcpy long: spin, then yield.
-        let mut spins = 0u32;
-        while slot.state.load(Ordering::Acquire) & COUNT_MASK != 0 {
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-        }
+        drain(slot);
         slot.state
             .store(((generation + 1) & 0xff) << GEN_SHIFT, Ordering::Release);
         self.free
@@ -373,12 +509,24 @@ pub(crate) fn scatter(dst: &SgList<'_>, data: &[u8]) -> usize {
     off
 }
 
-/// Memory owned by an MR.
+/// Memory behind an MR.
 enum Backing {
     /// Page-aligned, zeroed, from `alloc_mr`.
     Aligned { layout: std::alloc::Layout },
-    /// A caller's buffer from `reg_mr`.
-    Boxed,
+    /// A caller's buffer from `reg_mr_owned`, kept until the MR drops.
+    #[allow(dead_code, reason = "held for its Drop")]
+    Owned(Box<dyn std::any::Any + Send>),
+    /// A caller's memory from `reg_mr_raw`, which the caller keeps (its safety contract).
+    Borrowed,
+}
+
+/// Where an MR's memory comes from.
+pub(crate) enum Source {
+    Alloc(usize),
+    Owned(Box<dyn std::any::Any + Send>, *mut u8, usize),
+    /// # Safety (of the `reg_mr_raw` that builds it)
+    /// Valid for `len` bytes until the MR drops.
+    Raw(*mut u8, usize),
 }
 
 struct Memory {
@@ -407,13 +555,19 @@ impl Memory {
         })
     }
 
-    fn boxed(buf: Box<[u8]>) -> Memory {
-        let len = buf.len();
-        let ptr = Box::into_raw(buf) as *mut u8;
-        Memory {
-            addr: ptr.expose_provenance(),
-            len,
-            backing: Backing::Boxed,
+    fn from_source(source: Source) -> Result<Memory> {
+        match source {
+            Source::Alloc(len) => Memory::alloc(len),
+            Source::Owned(owner, ptr, len) => Ok(Memory {
+                addr: ptr.expose_provenance(),
+                len,
+                backing: Backing::Owned(owner),
+            }),
+            Source::Raw(ptr, len) => Ok(Memory {
+                addr: ptr.expose_provenance(),
+                len,
+                backing: Backing::Borrowed,
+            }),
         }
     }
 
@@ -428,11 +582,8 @@ impl Drop for Memory {
             // SAFETY: allocated by `alloc_zeroed` with exactly this layout, freed once; the key
             // table entries were removed and drained before (SoftMr::drop order).
             Backing::Aligned { layout } => unsafe { std::alloc::dealloc(self.ptr(), layout) },
-            // SAFETY: this pointer and length came from `Box::into_raw` of a `Box<[u8]>` and are
-            // turned back into that box exactly once.
-            Backing::Boxed => drop(unsafe {
-                Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr(), self.len))
-            }),
+            // The owner drops with the field, after the keys were drained.
+            Backing::Owned(_) | Backing::Borrowed => {}
         }
     }
 }
@@ -449,20 +600,15 @@ pub struct SoftMr {
 }
 
 impl SoftMr {
-    pub(crate) fn new(
-        pd: &SoftPd,
-        len: usize,
-        buf: Option<Box<[u8]>>,
-        access: Access,
-    ) -> Result<SoftMr> {
+    pub(crate) fn new(pd: &SoftPd, source: Source, access: Access) -> Result<SoftMr> {
+        let len = match &source {
+            Source::Alloc(len) | Source::Owned(_, _, len) | Source::Raw(_, len) => *len,
+        };
         if len == 0 {
             return Err(TransportError::InvalidArgument("MR of zero length".into()));
         }
         let dev = pd.dev().clone();
-        let mem = match buf {
-            Some(b) => Memory::boxed(b),
-            None => Memory::alloc(len)?,
-        };
+        let mem = Memory::from_source(source)?;
         let (addr, len) = (mem.addr as u64, mem.len as u64);
         let keys = &dev.keys;
         let lkey = keys.register(addr, len, access, pd.id(), false);
@@ -515,6 +661,49 @@ impl MrOps for SoftMr {
     }
 }
 
+/// A type-2 memory window of a soft device: an rkey that a bind WR points at part of a region
+/// and an invalidation (LOCAL_INV, a peer's SEND_WITH_INV) withdraws.
+pub struct SoftMw {
+    dev: Arc<DeviceInner>,
+    /// The rkey of the latest bind built (`bind`), or the initial unbound key.
+    rkey: u32,
+    _pd: SoftPd,
+}
+
+impl SoftMw {
+    pub(crate) fn new(pd: &SoftPd) -> Result<SoftMw> {
+        let dev = pd.dev().clone();
+        let rkey = dev.keys.reserve_window(pd.id())?;
+        Ok(SoftMw {
+            dev,
+            rkey,
+            _pd: pd.clone(),
+        })
+    }
+}
+
+impl MwOps<super::Soft> for SoftMw {
+    fn handle(&self) -> u32 {
+        self.rkey >> 8
+    }
+    fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    fn bind(&mut self, mr: &SoftMr, offset: usize, len: usize, access: Access) -> Result<SendOp> {
+        let op = bind_op(self.handle(), self.rkey, mr, offset, len, access)?;
+        if let SendOp::BindMw { rkey, .. } = op {
+            self.rkey = rkey;
+        }
+        Ok(op)
+    }
+}
+
+impl Drop for SoftMw {
+    fn drop(&mut self) {
+        self.dev.keys.release_window(self.rkey);
+    }
+}
+
 impl Drop for SoftMr {
     fn drop(&mut self) {
         // Keys first (waits for in-flight copies), then the memory (field drop, after this).
@@ -562,9 +751,61 @@ mod tests {
         assert_eq!(r2 >> 8, r >> 8);
         assert_ne!(r2, r);
         assert!(t.lookup(r, true, 1, a, 8, Access::REMOTE_READ).is_err());
-        assert!(t.invalidate_rkey(r2, 1));
-        assert!(t.lookup(r2, true, 1, a, 8, Access::REMOTE_READ).is_err());
+        // A plain region's rkey cannot be invalidated (hardware refuses it too).
+        assert!(!t.invalidate_rkey(r2, 1));
+        assert!(t.lookup(r2, true, 1, a, 8, Access::REMOTE_READ).is_ok());
         t.deregister(l);
         t.deregister(r2);
+    }
+
+    #[test]
+    fn window_bind_invalidate_rebind_and_region_gone() {
+        let t = KeyTable::new();
+        let buf = [0u8; 64];
+        let a = buf.as_ptr() as u64;
+        let bindable = Access::LOCAL_WRITE | Access::MW_BIND;
+        let l = t.register(a, 64, bindable, 1, false).unwrap();
+        let w = t.reserve_window(1).unwrap();
+        let need = Access::REMOTE_READ;
+        // Unbound: answers nothing.
+        assert!(t.lookup(w, true, 1, a, 8, need).is_err());
+        let k1 = (w & !0xff) | ((w + 1) & 0xff);
+        // The window must lie inside the region; another PD's window cannot be bound.
+        assert_eq!(
+            t.bind_window(1, k1, l, a + 32, 64, need),
+            Err(WindowError::BadRegion)
+        );
+        assert_eq!(
+            t.bind_window(2, k1, l, a, 8, need),
+            Err(WindowError::BadWindow)
+        );
+        t.bind_window(1, k1, l, a + 16, 16, need).unwrap();
+        assert!(t.lookup(k1, true, 1, a + 16, 16, need).is_ok());
+        assert_eq!(
+            t.lookup(k1, true, 1, a, 8, need).err(),
+            Some(KeyError::Bounds)
+        );
+        assert_eq!(
+            t.lookup(k1, true, 1, a + 16, 8, Access::REMOTE_WRITE).err(),
+            Some(KeyError::Access)
+        );
+        // A bound type-2 window is not bound again before it is invalidated.
+        assert_eq!(
+            t.bind_window(1, k1, l, a, 8, need),
+            Err(WindowError::BadWindow)
+        );
+        assert!(t.invalidate_rkey(k1, 1));
+        assert!(t.lookup(k1, true, 1, a + 16, 8, need).is_err());
+        let k2 = (k1 & !0xff) | ((k1 + 1) & 0xff);
+        t.bind_window(1, k2, l, a, 8, need).unwrap();
+        assert!(
+            t.lookup(k1, true, 1, a, 8, need).is_err(),
+            "old rkey still works"
+        );
+        assert!(t.lookup(k2, true, 1, a, 8, need).is_ok());
+        // The region goes away: the window over it stops working.
+        t.deregister(l);
+        assert!(t.lookup(k2, true, 1, a, 8, need).is_err());
+        t.release_window(k2);
     }
 }

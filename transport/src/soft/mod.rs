@@ -7,7 +7,11 @@
 //! - Memory keys: each MR has a distinct lkey and rkey (`slot << 8 | generation`); every SGE is
 //!   checked for key, PD, bounds and access. Bad lkey: LOC_PROT_ERR. Bad rkey / bounds / access
 //!   at the responder: requester REM_ACCESS_ERR, both QPs to ERR, QP_ACCESS_ERR at the
-//!   responder. SEND_WITH_INV invalidates the responder's rkey (the receive reports it).
+//!   responder. Type-2 memory windows: `SendOp::BindMw` binds one over part of a region
+//!   registered with MW_BIND (in send-queue order); `SendOp::LocalInv` and a peer's
+//!   SEND_WITH_INV invalidate it (the receive reports the rkey). As on hardware, invalidating a
+//!   plain region's rkey fails: LOC_QP_OP_ERR locally; remotely the receive completes with
+//!   REM_INV_REQ_ERR and the requester gets REM_OP_ERR.
 //! - Queue depths: send queue slots are freed only when a completion is polled (a signaled WR
 //!   retires the unsignaled ones before it, as in a verbs driver), so an all-unsignaled stream
 //!   overruns exactly as on hardware; RQ/SRQ depths; creation limits from `SoftConfig`
@@ -53,6 +57,8 @@
 //! Every block has a `// SAFETY:` comment.
 //!
 //! # Deliberate differences from verbs
+//! - Deregistering a region with windows bound over it succeeds (verbs refuses with EBUSY);
+//!   the windows over it stop answering.
 //! - Inline sends must still come from registered memory (the lkey is checked for bounds only):
 //!   reading an unregistered address could not be proved safe.
 //! - Receive queue slots are freed when the receive is consumed, not when its completion is
@@ -88,7 +94,7 @@ pub use cm::{SoftCmChannel, SoftCmId};
 pub use cq::SoftCq;
 pub use device::{SoftContext, SoftPd};
 pub use fault::FaultInjector;
-pub use mem::SoftMr;
+pub use mem::{SoftMr, SoftMw};
 pub use qp::SoftQp;
 pub use srq::SoftSrq;
 
@@ -106,6 +112,7 @@ impl Provider for Soft {
     type Context = SoftContext;
     type Pd = SoftPd;
     type Mr = SoftMr;
+    type Mw = SoftMw;
     type CompChannel = SoftCompChannel;
     type Cq = SoftCq;
     type Srq = SoftSrq;

@@ -57,6 +57,20 @@ pub(crate) fn send_opcode(op: &SendOp) -> WcOpcode {
         SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+        SendOp::BindMw { .. } => WcOpcode::BindMw,
+    }
+}
+
+/// Whether `op` executes on this side alone (memory-window bind, local invalidation).
+pub(crate) fn is_local(op: &SendOp) -> bool {
+    matches!(op, SendOp::LocalInv { .. } | SendOp::BindMw { .. })
+}
+
+fn local_outcome(r: std::result::Result<(), WcStatus>) -> Outcome {
+    match r {
+        Ok(()) => Outcome::Done { byte_len: 0 },
+        Err(status) => Outcome::Fail(status),
     }
 }
 
@@ -91,6 +105,8 @@ pub(crate) struct SqEntry {
     pub(crate) inline: Vec<u8>,
     /// TCP: transmitted since the last go-back.
     pub(crate) sent: bool,
+    /// TCP: a local operation already executed (a go-back must not run it twice).
+    pub(crate) local_done: bool,
 }
 
 impl SqEntry {
@@ -106,6 +122,7 @@ impl SqEntry {
             is_inline: false,
             inline: Vec::new(),
             sent: false,
+            local_done: false,
         }
     }
 
@@ -228,6 +245,36 @@ impl QpShared {
             (Some(rq), _) => rq.pop(),
             (None, Some(srq)) => srq.pop(),
             (None, None) => None,
+        }
+    }
+
+    /// Execute a local operation (see `is_local`) when the send queue reaches it.
+    pub(crate) fn execute_local(&self, op: &SendOp) -> std::result::Result<(), WcStatus> {
+        match *op {
+            SendOp::LocalInv { rkey } => {
+                if self.dev.keys.invalidate_rkey(rkey, self.pd) {
+                    Ok(())
+                } else {
+                    Err(WcStatus::LocQpOpErr)
+                }
+            }
+            SendOp::BindMw {
+                mw,
+                rkey,
+                lkey,
+                addr,
+                length,
+                access,
+            } => {
+                if rkey >> 8 != mw {
+                    return Err(WcStatus::MwBindErr);
+                }
+                self.dev
+                    .keys
+                    .bind_window(self.pd, rkey, lkey, addr, length, access)
+                    .map_err(|_| WcStatus::MwBindErr)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -383,9 +430,13 @@ impl QpShared {
                 let Some(head) = slow.sq.front() else {
                     continue;
                 };
-                match &peer {
-                    Some(p) => inproc::execute(self, p, &head.view()),
-                    None => Outcome::Fail(WcStatus::RetryExcErr),
+                if is_local(&head.op) {
+                    local_outcome(self.execute_local(&head.op))
+                } else {
+                    match &peer {
+                        Some(p) => inproc::execute(self, p, &head.view()),
+                        None => Outcome::Fail(WcStatus::RetryExcErr),
+                    }
                 }
             };
             match outcome {
@@ -483,6 +534,7 @@ impl QpShared {
         e.signaled = signaled;
         e.solicited = wr.flags.contains(SendFlags::SOLICITED);
         e.sent = false;
+        e.local_done = false;
         let n = wr.sges.len().min(SOFT_MAX_SGE);
         e.n = n as u8;
         e.sges[..n].copy_from_slice(&wr.sges[..n]);
@@ -862,6 +914,7 @@ impl SoftQp {
             solicited: wr.flags.contains(SendFlags::SOLICITED),
         };
         let outcome = match &peer {
+            _ if is_local(&wr.op) => local_outcome(sh.execute_local(&wr.op)),
             Some(p) => inproc::execute(sh, p, &view),
             None => Outcome::Fail(WcStatus::RetryExcErr),
         };

@@ -21,6 +21,7 @@ both_fabrics!(
     rnr_forever,
     rnr_retry_exceeded,
     send_with_inv,
+    send_with_inv_region_rkey,
     depth_limits,
     unsignaled,
     recv_too_small,
@@ -587,8 +588,19 @@ fn rnr_retry_exceeded(f: SoftFabric) {
 fn send_with_inv(f: SoftFabric) {
     let (mut a, mut b) = pair(f, &Opts::default());
     let net = Net::new(&[&a.cq, &b.cq]);
-    // b's data buffer whose rkey a will invalidate (the NVMe-oF host's keyed SGL).
-    let data = b.pd.alloc_mr(256, ALL).unwrap();
+    // b's data buffer, reached through a window whose rkey a will invalidate (the NVMe-oF
+    // host's keyed SGL).
+    let data = b.pd.alloc_mr(256, ALL | Access::MW_BIND).unwrap();
+    let mut mw = b.pd.alloc_mw().unwrap();
+    let bind = mw.bind(&data, 0, 256, Access::REMOTE_WRITE).unwrap();
+    b.qp.post_send(&[send_wr(9, bind, &[], SendFlags::SIGNALED)])
+        .unwrap();
+    let c = net.wait(&b.cq, 1);
+    assert_eq!(
+        (c[0].status, c[0].opcode),
+        (WcStatus::Success, WcOpcode::BindMw)
+    );
+    let rkey = mw.rkey();
     b.qp.post_recv(&[RecvWr {
         wr_id: 1,
         sges: &[b.mr.sge(0, 64)],
@@ -599,14 +611,14 @@ fn send_with_inv(f: SoftFabric) {
             1,
             SendOp::RdmaWrite {
                 remote_addr: data.addr(),
-                rkey: data.rkey(),
+                rkey,
             },
             &[a.mr.sge(0, 16)],
             SendFlags::SIGNALED,
         ),
         send_wr(
             2,
-            SendOp::SendWithInv { rkey: data.rkey() },
+            SendOp::SendWithInv { rkey },
             &[a.mr.sge(0, 16)],
             SendFlags::SIGNALED,
         ),
@@ -617,20 +629,59 @@ fn send_with_inv(f: SoftFabric) {
     let r = net.wait(&b.cq, 1);
     assert_eq!(
         (r[0].status, r[0].invalidated_rkey),
-        (WcStatus::Success, Some(data.rkey()))
+        (WcStatus::Success, Some(rkey))
     );
     // The key no longer works remotely.
     a.qp.post_send(&[send_wr(
         3,
         SendOp::RdmaWrite {
             remote_addr: data.addr(),
-            rkey: data.rkey(),
+            rkey,
         },
         &[a.mr.sge(0, 16)],
         SendFlags::SIGNALED,
     )])
     .unwrap();
     assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+}
+
+/// As on hardware, SEND_WITH_INV naming a plain region's rkey is a remote error: the receive
+/// fails with REM_INV_REQ_ERR, the requester gets REM_OP_ERR, and the rkey stays valid.
+fn send_with_inv_region_rkey(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let data = b.pd.alloc_mr(256, ALL).unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 64)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[send_wr(
+        2,
+        SendOp::SendWithInv { rkey: data.rkey() },
+        &[a.mr.sge(0, 16)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemOpErr);
+    let r = net.wait(&b.cq, 1);
+    assert_eq!(
+        (r[0].status, r[0].invalidated_rkey),
+        (WcStatus::RemInvReqErr, None)
+    );
+    let keys = &b.pd.dev().keys;
+    assert!(
+        keys.lookup(
+            data.rkey(),
+            true,
+            b.pd.id(),
+            data.addr(),
+            8,
+            Access::REMOTE_READ
+        )
+        .is_ok(),
+        "a region's rkey must survive SEND_WITH_INV"
+    );
 }
 
 fn depth_limits(f: SoftFabric) {

@@ -440,7 +440,20 @@ fn lost(qp: &QpShared, slow: &mut Slow) {
 }
 
 /// Post one WR (under the QP lock).
-pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, e: SqEntry) {
+pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
+    if slow.sq.is_empty() && super::qp::is_local(&e.op) {
+        // Nothing before it: a local operation runs now, connection or not.
+        match qp.execute_local(&e.op) {
+            Ok(()) => qp.complete_send(e.seq, e.wr_id, &e.op, WcStatus::Success, 0, e.signaled),
+            Err(status) => {
+                qp.complete_send(e.seq, e.wr_id, &e.op, status, 0, true);
+                qp.enter_err_locked(slow);
+            }
+        }
+        e.local_done = true;
+        slow.recycle(e);
+        return;
+    }
     let dead = slow.conn.as_ref().is_some_and(|c| c.dead);
     slow.sq.push_back(e);
     if dead {
@@ -464,6 +477,20 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, e: SqEntry) {
         conn.flush();
     }
     slow.conn = Some(conn);
+    complete_local_heads(qp, slow);
+}
+
+/// Local operations (window bind, local invalidation) at the head of the send queue that have
+/// executed complete now: nothing remote acknowledges them.
+pub(crate) fn complete_local_heads(qp: &QpShared, slow: &mut Slow) {
+    while let Some(e) = slow.sq.front() {
+        if !e.local_done || !super::qp::is_local(&e.op) {
+            break;
+        }
+        let Some(e) = slow.sq.pop_front() else { break };
+        qp.complete_send(e.seq, e.wr_id, &e.op, WcStatus::Success, 0, e.signaled);
+        slow.recycle(e);
+    }
 }
 
 /// Put the requests that are not on the wire yet onto it, oldest first. They always form the
@@ -524,6 +551,15 @@ fn transmit(qp: &QpShared, conn: &mut Conn, e: &mut SqEntry) -> std::result::Res
             }
             (h.ty, h.addr, h.key, h.imm) = (T_READ_REQ, remote_addr, rkey, list.total() as u32);
             payload = false;
+        }
+        SendOp::LocalInv { .. } | SendOp::BindMw { .. } => {
+            // Executes here, in send-queue order; completes when it reaches the head.
+            if !e.local_done {
+                qp.execute_local(&e.op)?;
+                e.local_done = true;
+            }
+            e.sent = true;
+            return Ok(());
         }
     }
     if payload {
@@ -699,6 +735,7 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
                 slow.recycle(e);
                 slow.reset_budget(qp);
             }
+            complete_local_heads(qp, slow);
             true
         }
         T_READ_RESP => {
@@ -729,6 +766,7 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
                 slow.recycle(e);
                 slow.reset_budget(qp);
             }
+            complete_local_heads(qp, slow);
             true
         }
         T_NAK => {

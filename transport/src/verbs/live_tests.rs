@@ -239,7 +239,7 @@ fn verbs_live_mr_and_errors() {
     mr.write_at(0, &[7]).unwrap();
     assert_ne!(mr.lkey(), 0);
     let boxed = pd
-        .reg_mr(vec![5u8; 100].into_boxed_slice(), Access::LOCAL_WRITE)
+        .reg_mr_owned(vec![5u8; 100].into_boxed_slice(), Access::LOCAL_WRITE)
         .unwrap();
     assert_eq!(boxed.read_vec(99..100).unwrap(), [5]);
     assert!(matches!(

@@ -48,7 +48,7 @@ pub use cm::{VerbsCmChannel, VerbsCmId};
 pub use context::VerbsContext;
 pub use cq::{VerbsCompChannel, VerbsCq};
 pub use gid::parse_gid_type;
-pub use mr::VerbsMr;
+pub use mr::{VerbsMr, VerbsMw};
 pub use pd::VerbsPd;
 pub use qp::VerbsQp;
 pub use srq::VerbsSrq;
@@ -69,6 +69,7 @@ impl Provider for Verbs {
     type Context = VerbsContext;
     type Pd = VerbsPd;
     type Mr = VerbsMr;
+    type Mw = VerbsMw;
     type CompChannel = VerbsCompChannel;
     type Cq = VerbsCq;
     type Srq = VerbsSrq;

@@ -9,14 +9,16 @@ use rdma_sys::*;
 
 use super::pd::{PdInner, VerbsPd};
 use crate::error::{Result, TransportError};
-use crate::provider::MrOps;
-use crate::types::Access;
+use crate::provider::{MrOps, MwOps, OwnedMemory, bind_op};
+use crate::types::{Access, SendOp};
 
 /// The memory behind a region, owned only to be freed after deregistration.
 #[allow(dead_code, reason = "held for its Drop")]
 enum Backing {
-    Boxed(Box<[u8]>),
+    Owned(Box<dyn std::any::Any + Send>),
     Mapped(Mapping),
+    /// `reg_mr_raw`: the caller keeps the memory (its safety contract).
+    Borrowed,
 }
 
 /// An anonymous private mapping: page-aligned and zero-filled by the kernel.
@@ -93,6 +95,9 @@ pub(crate) fn access_bits(access: Access) -> u32 {
     if access.contains(Access::REMOTE_READ) {
         b |= ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
     }
+    if access.contains(Access::MW_BIND) {
+        b |= ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+    }
     b
 }
 
@@ -109,7 +114,11 @@ impl VerbsMr {
         Self::finish(pd, addr, len, access, Backing::Mapped(map))
     }
 
-    pub(crate) fn register(pd: &VerbsPd, mut buf: Box<[u8]>, access: Access) -> Result<VerbsMr> {
+    pub(crate) fn register<B: OwnedMemory>(
+        pd: &VerbsPd,
+        mut buf: B,
+        access: Access,
+    ) -> Result<VerbsMr> {
         if buf.is_empty() {
             return Err(TransportError::InvalidArgument(
                 "memory region of 0 bytes".into(),
@@ -118,7 +127,24 @@ impl VerbsMr {
         check_access(access)?;
         let addr = buf.as_mut_ptr();
         let len = buf.len();
-        Self::finish(pd, addr, len, access, Backing::Boxed(buf))
+        Self::finish(pd, addr, len, access, Backing::Owned(Box::new(buf)))
+    }
+
+    /// # Safety
+    /// `PdOps::reg_mr_raw`'s contract: `addr..addr+len` stays valid until the region drops.
+    pub(crate) unsafe fn register_raw(
+        pd: &VerbsPd,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<VerbsMr> {
+        if len == 0 {
+            return Err(TransportError::InvalidArgument(
+                "memory region of 0 bytes".into(),
+            ));
+        }
+        check_access(access)?;
+        Self::finish(pd, addr, len, access, Backing::Borrowed)
     }
 
     /// Register `addr..addr+len`, owned by `backing` (freed by it on error).
@@ -135,6 +161,10 @@ impl VerbsMr {
         if mr.is_null() {
             return Err(TransportError::last_os("ibv_reg_mr"));
         }
+        if access.contains(Access::MW_BIND) {
+            // SAFETY: `mr` is live.
+            pd.inner.add_region(unsafe { (*mr).lkey }, mr);
+        }
         Ok(VerbsMr {
             mr,
             addr,
@@ -148,6 +178,9 @@ impl VerbsMr {
 
 impl Drop for VerbsMr {
     fn drop(&mut self) {
+        if self.access.contains(Access::MW_BIND) {
+            self._pd.remove_region(self.lkey());
+        }
         // SAFETY: `mr` is live and deregistered exactly once, before its memory is freed.
         let rc = unsafe { ibv_dereg_mr(self.mr) };
         if rc != 0 {
@@ -187,6 +220,66 @@ impl MrOps for VerbsMr {
     }
     fn as_ptr(&self) -> *mut u8 {
         self.addr
+    }
+}
+
+/// A type-2 memory window.
+pub struct VerbsMw {
+    mw: *mut ibv_mw,
+    /// The rkey of the latest bind built (`bind`), or the initial one.
+    rkey: u32,
+    pd: Arc<PdInner>,
+}
+
+// SAFETY: the MW handle is used only by its owner and by posts naming it; libibverbs allows
+// deallocating it from any thread.
+unsafe impl Send for VerbsMw {}
+
+impl VerbsMw {
+    pub(crate) fn alloc(pd: &VerbsPd) -> Result<VerbsMw> {
+        // SAFETY: the PD is live.
+        let mw = unsafe { ibv_alloc_mw(pd.inner.pd, ibv_mw_type::IBV_MW_TYPE_2) };
+        let mw = match mw {
+            None => return Err(TransportError::Unsupported("memory windows")),
+            Some(p) if p.is_null() => return Err(TransportError::last_os("ibv_alloc_mw")),
+            Some(p) => p,
+        };
+        // SAFETY: `mw` is live.
+        let (handle, rkey) = unsafe { ((*mw).handle, (*mw).rkey) };
+        pd.inner.add_window(handle, mw);
+        Ok(VerbsMw {
+            mw,
+            rkey,
+            pd: pd.inner.clone(),
+        })
+    }
+}
+
+impl MwOps<super::Verbs> for VerbsMw {
+    fn handle(&self) -> u32 {
+        // SAFETY: `mw` is live while self is.
+        unsafe { (*self.mw).handle }
+    }
+    fn rkey(&self) -> u32 {
+        self.rkey
+    }
+    fn bind(&mut self, mr: &VerbsMr, offset: usize, len: usize, access: Access) -> Result<SendOp> {
+        let op = bind_op(self.handle(), self.rkey, mr, offset, len, access)?;
+        if let SendOp::BindMw { rkey, .. } = op {
+            self.rkey = rkey;
+        }
+        Ok(op)
+    }
+}
+
+impl Drop for VerbsMw {
+    fn drop(&mut self) {
+        self.pd.remove_window(self.handle());
+        // SAFETY: `mw` is live, deallocated exactly once, after leaving the PD's table.
+        let rc = unsafe { ibv_dealloc_mw(self.mw) };
+        if rc != 0 {
+            tracing::warn!(rc, "ibv_dealloc_mw failed");
+        }
     }
 }
 

@@ -384,10 +384,46 @@ impl QpOps for VerbsQp {
 
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let qp = self.qp;
-        wr::post_send_chunked(wrs, "ibv_post_send", |head, bad| {
-            // SAFETY: the QP is live; `head` is a well-formed chain valid for this call whose
-            // SGEs point at the caller's memory descriptors.
-            unsafe { ibv_post_send(qp, head, bad) }
+        let post_run = |run: &[SendWr<'_>]| {
+            wr::post_send_chunked(run, "ibv_post_send", |head, bad| {
+                // SAFETY: the QP is live; `head` is a well-formed chain valid for this call
+                // whose SGEs point at the caller's memory descriptors.
+                unsafe { ibv_post_send(qp, head, bad) }
+            })
+        };
+        // Binds name their window and region by number: each is posted on its own with the
+        // pointers looked up; the runs between them go as lists.
+        let mut start = 0;
+        for (i, w) in wrs.iter().enumerate() {
+            let SendOp::BindMw { mw, lkey, .. } = w.op else {
+                continue;
+            };
+            post_run(&wrs[start..i]).map_err(|e| PostError {
+                failed_index: start + e.failed_index,
+                error: e.error,
+            })?;
+            self._pd
+                .with_bind_targets(mw, lkey, |mw, mr| {
+                    let mut raw = wr::build_bind(w, mw, mr);
+                    let mut bad = std::ptr::null_mut();
+                    // SAFETY: the QP is live; `raw` is one WR whose window and region are
+                    // live (the PD's table lock is held across this call).
+                    let rc = unsafe { ibv_post_send(qp, &mut raw, &mut bad) };
+                    if rc == 0 {
+                        Ok(())
+                    } else {
+                        Err(super::rc_error("ibv_post_send(BIND_MW)", rc))
+                    }
+                })
+                .map_err(|error| PostError {
+                    failed_index: i,
+                    error,
+                })?;
+            start = i + 1;
+        }
+        post_run(&wrs[start..]).map_err(|e| PostError {
+            failed_index: start + e.failed_index,
+            error: e.error,
         })
     }
 

@@ -92,6 +92,56 @@ pub(crate) fn build_send(wr: &SendWr<'_>, next: *mut ibv_send_wr) -> ibv_send_wr
             w.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
             w.wr.rdma = rdma_t { remote_addr, rkey };
         }
+        SendOp::LocalInv { rkey } => {
+            w.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+            w.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+        }
+        SendOp::BindMw {
+            rkey,
+            addr,
+            length,
+            access,
+            ..
+        } => {
+            // The window and region pointers are filled by `VerbsQp::post_send`, which looks
+            // them up in the PD (`bind_targets`); a null one is never posted.
+            w.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+            w.bind_mw_tso_union.bind_mw = bind_mw_t {
+                mw: null_mut(),
+                rkey,
+                bind_info: ibv_mw_bind_info {
+                    mr: null_mut(),
+                    addr,
+                    length,
+                    mw_access_flags: super::mr::access_bits(access),
+                },
+            };
+        }
+    }
+    w
+}
+
+/// The bind WR `wr` with its window and region filled in.
+pub(crate) fn build_bind(wr: &SendWr<'_>, mw: *mut ibv_mw, mr: *mut ibv_mr) -> ibv_send_wr {
+    let mut w = build_send(wr, null_mut());
+    if let SendOp::BindMw {
+        rkey,
+        addr,
+        length,
+        access,
+        ..
+    } = wr.op
+    {
+        w.bind_mw_tso_union.bind_mw = bind_mw_t {
+            mw,
+            rkey,
+            bind_info: ibv_mw_bind_info {
+                mr,
+                addr,
+                length,
+                mw_access_flags: super::mr::access_bits(access),
+            },
+        };
     }
     w
 }

@@ -6,6 +6,7 @@
 mod cm;
 mod data;
 mod fixture;
+mod memory;
 mod queues;
 
 /// Instantiates every conformance case for one provider flavor, as `conformance_<flavor>::<case>`.
@@ -108,6 +109,41 @@ macro_rules! conformance {
             $(#[$attr])*
             fn cm_private_data_limits() {
                 crate::cm::private_data_limits(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn memory_read_write_at_bounds() {
+                crate::memory::read_write_at_bounds(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn memory_register_owned_and_raw_memory() {
+                crate::memory::register_owned_and_raw_memory(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn memory_window_bind_access_and_local_invalidate() {
+                crate::memory::window_bind_access_and_local_invalidate(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn memory_window_bounds_are_enforced() {
+                crate::memory::window_bounds_are_enforced(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn memory_window_invalidated_by_send_with_inv() {
+                crate::memory::window_invalidated_by_send_with_inv(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn memory_send_with_inv_of_region_rkey_fails() {
+                crate::memory::send_with_inv_of_region_rkey_fails(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn memory_local_invalidate_of_region_rkey_fails() {
+                crate::memory::local_invalidate_of_region_rkey_fails(F)
             }
         }
     };
