@@ -1,13 +1,13 @@
 #!/bin/bash
 # Guest script: everything the transport and poll group must show on real verbs (rxe0):
-# nvmf-rdma devices, the conformance suite, the poll-group suite, pingpong (right and wrong
-# GID index). Test binaries are built on the host first:
+# nvmf-rdma devices, the conformance suite, the verbs provider's live tests, the poll-group
+# suite, pingpong (right and wrong GID index). Test binaries are built on the host first:
 #   cargo build -p nvmf-transport --bin nvmf-rdma && cargo test -p nvmf-transport --no-run
 . "$(dirname "$0")/guest-lib.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 newest() { ls -t "$ROOT"/build/debug/deps/$1-* 2>/dev/null | grep -v '\.d$' | head -1; }
-CONF=$(newest conformance); PG=$(newest pollgroup); RDMA=$ROOT/build/debug/nvmf-rdma
-for b in "$CONF" "$PG" "$RDMA"; do [ -x "$b" ] || { echo "missing test binary ($b): build on the host first"; exit 2; }; done
+CONF=$(newest conformance); PG=$(newest pollgroup); LIB=$(newest nvmf_transport); RDMA=$ROOT/build/debug/nvmf-rdma
+for b in "$CONF" "$PG" "$LIB" "$RDMA"; do [ -x "$b" ] || { echo "missing test binary ($b): build on the host first"; exit 2; }; done
 fail=0
 step "network: netdev $NETDEV $IP mtu $MTU"; setup_net
 step "rdma_rxe"; setup_rxe || exit 1
@@ -18,6 +18,9 @@ step "nvmf-rdma devices --ip $IP"
 
 step "conformance suite on rxe0"
 "$CONF" conformance_verbs --include-ignored --test-threads=1 2>&1 || fail=1
+
+step "verbs provider live tests on rxe0 (verbs_live_*, ignored off the lab)"
+NVMF_LAB_IP=$IP "$LIB" verbs_live --include-ignored --test-threads=1 2>&1 || fail=1
 
 step "poll-group suite on rxe0 (orphans, drains, overrun, 1000 qpairs)"
 "$PG" pollgroup_verbs --include-ignored --test-threads=1 --nocapture 2>&1 | grep -v '^$' || fail=1
