@@ -31,6 +31,10 @@ pub enum TransportError {
         asked: u64,
         max: u64,
     },
+    /// The completion queue overran (more completions than its depth were due): completions
+    /// were lost and the CQ is unusable, as on hardware (CQ_ERR was raised).
+    #[error("completion queue {cq_id} overran: completions were lost")]
+    CqOverrun { cq_id: u32 },
     /// A work queue has no room for the posted work request.
     #[error("{0} queue full")]
     QueueFull(&'static str),

@@ -1,6 +1,9 @@
-//! Completion queues: a lock-free bounded queue of completions (depth = CQ size; a full CQ is
-//! an overrun and raises CQ_ERR), the arming state for the completion channel, and the
-//! progress engine that polling drives.
+//! Completion queues: a lock-free bounded queue of completions (depth = CQ size), the arming
+//! state for the completion channel, and the progress engine that polling drives.
+//!
+//! Overrun, as on hardware: a completion that finds the CQ full is lost, CQ_ERR is raised, and
+//! every poll of that CQ from then on fails (`TransportError::CqOverrun`), so the loss is never
+//! silent: the owner must tear down what uses the CQ.
 //!
 //! Progress: polling a CQ first runs the QPs that asked for it (a send stalled on RNR or on a
 //! peer that is not ready yet, with its retry timer) and, on the TCP fabric, reads the sockets
@@ -21,7 +24,7 @@ use super::channel::{EventQueue, SoftCompChannel};
 use super::device::DeviceInner;
 use super::qp::QpShared;
 use super::tcp::TcpPoller;
-use crate::error::Result;
+use crate::error::{Result, TransportError};
 use crate::provider::CqOps;
 use crate::types::*;
 
@@ -80,12 +83,14 @@ impl CqInner {
                 .unwrap_or_else(|e| e.into_inner())
                 .q
                 .push_back((Instant::now(), cqe));
-        } else if self.q.push(cqe).is_err() {
+        } else if let Err(lost) = self.q.push(cqe) {
             if !self.overrun.swap(true, Ordering::AcqRel) {
-                tracing::warn!(
+                tracing::error!(
                     cq = self.id,
                     depth = self.depth,
-                    "soft CQ overrun: completion lost"
+                    qp = lost.wc.qp_num,
+                    wr_id = lost.wc.wr_id,
+                    "soft CQ overrun: completion lost; the CQ is in error"
                 );
                 self.dev.raise(AsyncEventKind::CqErr { cq_id: self.id });
             }
@@ -290,7 +295,14 @@ impl CqOps for SoftCq {
         self.inner.depth
     }
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        Ok(self.inner.poll(out))
+        let n = self.inner.poll(out);
+        // Checked after reaping: progress run by this poll may itself overrun the CQ.
+        if self.inner.overrun.load(Ordering::Acquire) {
+            return Err(TransportError::CqOverrun {
+                cq_id: self.inner.id,
+            });
+        }
+        Ok(n)
     }
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
         self.inner.armed.store(

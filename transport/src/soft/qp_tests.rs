@@ -22,6 +22,7 @@ both_fabrics!(
     rnr_retry_exceeded,
     send_with_inv,
     send_with_inv_region_rkey,
+    cq_overrun,
     depth_limits,
     unsignaled,
     recv_too_small,
@@ -1027,9 +1028,9 @@ fn completion_channel_only_when_armed() {
     assert_eq!(ch.get_event().unwrap(), None);
 }
 
-#[test]
-fn cq_overrun_raises_cq_err() {
-    let d = device(SoftFabric::InProcess, true);
+/// An overrun is never silent: CQ_ERR, and every poll of that CQ fails from then on.
+fn cq_overrun(f: SoftFabric) {
+    let d = device(f, true);
     let o = Opts {
         send_wr: 8,
         ..Opts::default()
@@ -1057,6 +1058,24 @@ fn cq_overrun_raises_cq_err() {
         SendFlags::empty(),
     );
     a.post_send(&[w, w, w]).unwrap();
+    // Polling drives the TCP fabric; with three completions due on a CQ of two, a poll fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut out = [WorkCompletion::default(); 1];
+    let err = loop {
+        match cq.poll(&mut out) {
+            Err(e) => break e,
+            Ok(_) => {
+                b.cq.poll(&mut out).unwrap();
+                assert!(std::time::Instant::now() < deadline, "no overrun reported");
+                std::thread::yield_now();
+            }
+        }
+    };
+    assert!(
+        matches!(err, crate::error::TransportError::CqOverrun { cq_id } if cq_id == cq.id()),
+        "{err}"
+    );
+    assert!(cq.poll(&mut out).is_err(), "a CQ in error stays in error");
     assert!(async_events(&d).contains(&AsyncEventKind::CqErr { cq_id: cq.id() }));
     assert!(cq.overrun());
 }

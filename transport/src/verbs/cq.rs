@@ -13,7 +13,7 @@ use rdma_sys::*;
 
 use super::{VerbsContext, set_nonblocking, wc};
 use crate::error::{Result, TransportError};
-use crate::provider::{CompChannelOps, CqOps};
+use crate::provider::{CompChannelOps, ContextOps, CqOps};
 use crate::types::WorkCompletion;
 
 pub(crate) struct CompChannelInner {
@@ -102,6 +102,8 @@ pub(crate) struct CqInner {
     pub(crate) cq: *mut ibv_cq,
     pub(crate) ctx: VerbsContext,
     depth: u32,
+    /// rxe: see `wc::convert`.
+    rxe_inv_flag: bool,
     _channel: Option<Arc<CompChannelInner>>,
 }
 
@@ -153,11 +155,17 @@ impl VerbsCq {
         }
         // SAFETY: `cq` was just created; cqe is what the device granted.
         let granted = unsafe { (*cq).cqe }.max(0) as u32;
+        const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+        let rxe_inv_flag = ctx.name().starts_with("rxe")
+            || ctx
+                .query_device()
+                .is_ok_and(|a| a.vendor_id == RXE_VENDOR_ID);
         Ok(VerbsCq {
             inner: Arc::new(CqInner {
                 cq,
                 ctx: ctx.clone(),
                 depth: granted,
+                rxe_inv_flag,
                 _channel: channel.map(|c| c.inner.clone()),
             }),
         })
@@ -207,7 +215,7 @@ impl CqOps for VerbsCq {
             let n = n as usize;
             for (slot, wc) in out[done..done + n].iter_mut().zip(&buf[..n]) {
                 // SAFETY: ibv_poll_cq filled the first `n` entries.
-                *slot = wc::convert(unsafe { wc.assume_init_ref() });
+                *slot = wc::convert(unsafe { wc.assume_init_ref() }, self.inner.rxe_inv_flag);
             }
             done += n;
             if n < want {

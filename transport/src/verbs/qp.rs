@@ -404,6 +404,14 @@ impl QpOps for VerbsQp {
             })?;
             self._pd
                 .with_bind_targets(mw, lkey, |mw, mr| {
+                    if let SendOp::BindMw { rkey, .. } = w.op {
+                        // rxe's provider sends `mw->rkey` as the window's current key, which
+                        // must match the kernel's: for a type-2 window nobody updates it after
+                        // a bind, so set it to the key the previous bind gave (this one's
+                        // with the low byte decremented).
+                        // SAFETY: the window is live (table lock held); only posts write it.
+                        unsafe { (*mw).rkey = (rkey & !0xff) | (rkey.wrapping_sub(1) & 0xff) };
+                    }
                     let mut raw = wr::build_bind(w, mw, mr);
                     let mut bad = std::ptr::null_mut();
                     // SAFETY: the QP is live; `raw` is one WR whose window and region are

@@ -53,13 +53,22 @@ pub(crate) fn opcode_from(o: ibv_wc_opcode::Type) -> WcOpcode {
 
 /// Convert one completion. Immediate data arrives in network order; the invalidated rkey in
 /// host order (both share one union, told apart by `wc_flags`).
-pub(crate) fn convert(wc: &ibv_wc) -> WorkCompletion {
+///
+/// `rxe_inv_flag`: the device is rxe, whose kernel writes the kernel's IB_WC_WITH_INVALIDATE
+/// (1 << 2) into user completions, where libibverbs reads it as IBV_WC_IP_CSUM_OK; on an RC
+/// receive (all this crate makes) rxe sets that bit for nothing else, so it means an
+/// invalidated rkey there.
+pub(crate) fn convert(wc: &ibv_wc, rxe_inv_flag: bool) -> WorkCompletion {
     // SAFETY: both union members are u32: any bit pattern is valid for either.
     let raw = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
     let flags = wc.wc_flags;
     let ok = wc.status == ibv_wc_status::IBV_WC_SUCCESS;
     let with_imm = ok && flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-    let with_inv = ok && flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0;
+    let mut inv_bits = ibv_wc_flags::IBV_WC_WITH_INV.0;
+    if rxe_inv_flag && wc.opcode == ibv_wc_opcode::IBV_WC_RECV {
+        inv_bits |= ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+    }
+    let with_inv = ok && flags & inv_bits != 0;
     WorkCompletion {
         wr_id: wc.wr_id,
         status: status_from(wc.status),
@@ -146,7 +155,7 @@ mod tests {
         w.src_qp = 0x22;
         w.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
         w.imm_data_invalidated_rkey_union.imm_data = 0xdead_beefu32.to_be();
-        let c = convert(&w);
+        let c = convert(&w, false);
         assert_eq!(c.wr_id, u64::MAX - 1);
         assert_eq!(c.status, WcStatus::Success);
         assert_eq!(c.opcode, WcOpcode::Recv);
@@ -161,7 +170,7 @@ mod tests {
         w.opcode = ibv_wc_opcode::IBV_WC_RECV;
         w.wc_flags = ibv_wc_flags::IBV_WC_WITH_INV.0;
         w.imm_data_invalidated_rkey_union.invalidated_rkey = 0x1234;
-        let c = convert(&w);
+        let c = convert(&w, false);
         assert_eq!(c.invalidated_rkey, Some(0x1234));
         assert_eq!(c.imm_data, None);
     }
@@ -174,7 +183,7 @@ mod tests {
         w.opcode = 0x5555; // undefined on error
         w.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
         w.vendor_err = 0x81;
-        let c = convert(&w);
+        let c = convert(&w, false);
         assert_eq!(c.status, WcStatus::WrFlushErr);
         assert_eq!(c.vendor_err, 0x81);
         assert_eq!(c.imm_data, None);
