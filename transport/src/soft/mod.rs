@@ -66,7 +66,11 @@
 //!   polled.
 //! - No ACK timeouts on a connected TCP fabric: TCP is reliable; a dropped connection fails the
 //!   outstanding WRs with RETRY_EXC_ERR at once.
-//! - RDMA READ depth (`max_rd_atomic`) is accepted but not enforced.
+//! - RDMA READ depth: on TCP a requester keeps at most `max_rd_atomic` READs on the wire; the
+//!   next waits in the send queue with everything behind it (it does not fail), as on hardware.
+//!   In-process a READ completes within its post, so at most one is ever outstanding (and
+//!   `max_rd_atomic` 0 does not stall READs as it would on hardware). A responder answers each
+//!   READ as it arrives, so it never holds more than one (`max_dest_rd_atomic` is recorded).
 //!
 //! # Fault injection
 //! `SoftContext::faults()` ([`FaultInjector`]): fail a QP (ERR + QP_FATAL), drop a QP's

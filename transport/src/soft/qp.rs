@@ -208,6 +208,12 @@ pub(crate) struct QpShared {
     pub(crate) rnr_retry: AtomicU8,
     pub(crate) retry_cnt: AtomicU8,
     pub(crate) timeout: AtomicU8,
+    /// Initiator depth (RTS `max_rd_atomic`): RDMA READs this QP keeps outstanding at most;
+    /// the next one waits in the send queue, and everything behind it, as on hardware.
+    max_rd_atomic: AtomicU8,
+    /// Responder resources (RTR `max_dest_rd_atomic`). The soft responder answers each READ
+    /// as it arrives, so it never holds more than one; recorded for completeness.
+    max_dest_rd_atomic: AtomicU8,
     /// Deliveries into this QP's receive side in progress (for LAST_WQE_REACHED).
     pub(crate) in_delivery: AtomicU32,
     last_wqe_raised: AtomicBool,
@@ -276,6 +282,20 @@ impl QpShared {
             }
             _ => Ok(()),
         }
+    }
+
+    /// RDMA READs this QP may have outstanding (see `max_rd_atomic`).
+    pub(crate) fn read_depth(&self) -> u8 {
+        self.max_rd_atomic.load(Ordering::Relaxed)
+    }
+
+    /// RDMA READs on the wire and not yet answered (TCP; in-process READs complete at once).
+    #[cfg(test)]
+    pub(crate) fn reads_in_flight(&self) -> usize {
+        let g = self.lock();
+        g.sq.iter()
+            .filter(|e| e.sent && matches!(e.op, SendOp::RdmaRead { .. }))
+            .count()
     }
 
     /// The PD receive buffers are checked against (the SRQ's, when attached).
@@ -602,6 +622,8 @@ impl QpShared {
         };
         self.min_rnr_timer
             .store(attr.min_rnr_timer, Ordering::Relaxed);
+        self.max_dest_rd_atomic
+            .store(attr.max_dest_rd_atomic, Ordering::Relaxed);
         *self.remote.lock().unwrap_or_else(|e| e.into_inner()) = Some(attr.remote);
         match self.fabric {
             SoftFabric::InProcess => {
@@ -648,6 +670,8 @@ impl QpShared {
         self.retry_cnt
             .store(attr.retry_cnt.min(7), Ordering::Relaxed);
         self.timeout.store(attr.timeout, Ordering::Relaxed);
+        self.max_rd_atomic
+            .store(attr.max_rd_atomic, Ordering::Relaxed);
         self.lock().reset_budget(self);
         self.set_state(QpState::Rts);
         Ok(())
@@ -780,6 +804,8 @@ impl SoftQp {
             rnr_retry: AtomicU8::new(7),
             retry_cnt: AtomicU8::new(7),
             timeout: AtomicU8::new(14),
+            max_rd_atomic: AtomicU8::new(0),
+            max_dest_rd_atomic: AtomicU8::new(0),
             in_delivery: AtomicU32::new(0),
             last_wqe_raised: AtomicBool::new(false),
             retired: Arc::new(AtomicU64::new(0)),

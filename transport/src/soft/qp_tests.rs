@@ -1197,3 +1197,70 @@ fn tcp_post_after_late_connection_keeps_order() {
         assert_eq!(b.mr.read_vec(i * 64..i * 64 + 1).unwrap()[0], b"xyz"[i]);
     }
 }
+
+/// Initiator depth, as on hardware: with `max_rd_atomic` 1, only one RDMA READ is on the wire
+/// at a time; the next waits in the send queue (it does not fail) and goes when the first is
+/// answered. (TCP only: an in-process READ completes within its post.)
+#[test]
+fn read_depth_limits_reads_on_the_wire() {
+    let o = Opts {
+        read_depth: 1,
+        mr_len: 8192,
+        ..Opts::default()
+    };
+    let (mut a, mut b) = pair(SoftFabric::Tcp, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    b.mr.write_at(4096, &[1, 2, 3, 4, 5, 6]).unwrap();
+    // A WRITE first, so the data connection is up before the READs are posted.
+    a.qp.post_send(&[send_wr(
+        9,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let reads: Vec<_> = (0..3u64)
+        .map(|i| {
+            send_wr(
+                i,
+                SendOp::RdmaRead {
+                    remote_addr: b.mr.addr() + 4096 + 2 * i,
+                    rkey: b.mr.rkey(),
+                },
+                &[],
+                SendFlags::SIGNALED,
+            )
+        })
+        .collect();
+    let sges: Vec<[Sge; 1]> = (0..3).map(|i| [a.mr.sge(100 + 10 * i, 2)]).collect();
+    let reads: Vec<SendWr<'_>> = reads
+        .iter()
+        .zip(&sges)
+        .map(|(w, s)| SendWr { sges: s, ..*w })
+        .collect();
+    a.qp.post_send(&reads).unwrap();
+    // Nothing was polled since: no response can have been handled yet.
+    assert_eq!(
+        a.qp.sh.reads_in_flight(),
+        1,
+        "READs beyond the initiator depth sent"
+    );
+    let c = net.wait(&a.cq, 3);
+    assert!(
+        c.iter()
+            .enumerate()
+            .all(|(i, c)| c.wr_id == i as u64 && c.status == WcStatus::Success),
+        "{c:?}"
+    );
+    for i in 0..3 {
+        let at = 100 + 10 * i;
+        assert_eq!(
+            a.mr.read_vec(at..at + 2).unwrap(),
+            [2 * i as u8 + 1, 2 * i as u8 + 2]
+        );
+    }
+}

@@ -504,7 +504,18 @@ fn transmit_pending(
     sq: &mut VecDeque<SqEntry>,
 ) -> std::result::Result<(), (usize, WcStatus)> {
     let first = sq.iter().rposition(|e| e.sent).map_or(0, |i| i + 1);
+    let is_read = |e: &SqEntry| matches!(e.op, SendOp::RdmaRead { .. });
+    let mut reads = sq.iter().take(first).filter(|e| is_read(e)).count();
+    let depth = usize::from(qp.read_depth());
     for (i, e) in sq.iter_mut().enumerate().skip(first) {
+        if is_read(e) {
+            // Initiator depth: a READ past it waits (and all behind it) until a response
+            // frees a slot; the READ_RESP handler's progress sends it then.
+            if reads >= depth {
+                break;
+            }
+            reads += 1;
+        }
         transmit(qp, conn, e).map_err(|status| (i, status))?;
     }
     Ok(())

@@ -54,6 +54,8 @@ pub(crate) struct Opts {
     pub(crate) last_wqe: bool,
     pub(crate) mr_len: usize,
     pub(crate) cq_depth: u32,
+    /// RDMA READs a QP may have outstanding as requester (and accept as responder).
+    pub(crate) read_depth: u8,
 }
 
 impl Default for Opts {
@@ -67,6 +69,7 @@ impl Default for Opts {
             last_wqe: true,
             mr_len: 4096,
             cq_depth: 1024,
+            read_depth: 16,
         }
     }
 }
@@ -123,7 +126,7 @@ pub(crate) fn connect(a: &mut SoftQp, b: &mut SoftQp, o: &Opts) {
             port_num: 1,
             sgid_index: 0,
             path_mtu: Mtu::Mtu4096,
-            max_dest_rd_atomic: 16,
+            max_dest_rd_atomic: o.read_depth,
             min_rnr_timer: o.min_rnr_timer,
         })
         .unwrap();
@@ -134,7 +137,7 @@ pub(crate) fn connect(a: &mut SoftQp, b: &mut SoftQp, o: &Opts) {
             timeout: 10,
             retry_cnt: 7,
             rnr_retry: o.rnr_retry,
-            max_rd_atomic: 16,
+            max_rd_atomic: o.read_depth,
         })
         .unwrap();
     }
