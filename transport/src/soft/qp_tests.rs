@@ -1208,7 +1208,7 @@ fn read_depth_limits_reads_on_the_wire() {
         mr_len: 8192,
         ..Opts::default()
     };
-    let (mut a, mut b) = pair(SoftFabric::Tcp, &o);
+    let (mut a, b) = pair(SoftFabric::Tcp, &o);
     let net = Net::new(&[&a.cq, &b.cq]);
     b.mr.write_at(4096, &[1, 2, 3, 4, 5, 6]).unwrap();
     // A WRITE first, so the data connection is up before the READs are posted.
