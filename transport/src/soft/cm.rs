@@ -809,7 +809,15 @@ impl SoftCmId {
             .qp
             .clone()
             .ok_or_else(|| TransportError::Cm("create_qp on this id first".into()))?;
-        let ep = qp.endpoint(1, 0, 0)?;
+        // A random PSN: on the TCP fabric it is the credential the peer's HELLO must carry
+        // (`tcp::accept_loop`), so only the CM peer can attach to this QP.
+        let psn = {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new()
+                .hash_one((qp.qp_num, std::time::Instant::now())) as u32
+                & 0x00ff_ffff
+        };
+        let ep = qp.endpoint(1, 0, psn)?;
         Ok((qp, ep))
     }
 }

@@ -56,6 +56,18 @@ impl FaultInjector {
         }
     }
 
+    /// TCP: lose the next request frame QP `qp_num` transmits, as a network would. The
+    /// responder sees the gap at the next request and NAKs it; the requester re-sends.
+    pub fn lose_next_request(&self, qp_num: u32) -> Result<()> {
+        super::tcp::lose_next_request(&self.qp(qp_num)?)
+    }
+
+    /// TCP: replace QP `qp_num`'s data connection with a new one (the side that connects
+    /// opens it; the other side's acceptor attaches it), dropping what was on the old wire.
+    pub fn reconnect(&self, qp_num: u32) -> Result<()> {
+        super::tcp::reconnect(&self.qp(qp_num)?)
+    }
+
     /// Hold every completion of CQ `cq_id` for `delay` (zero switches it off).
     pub fn delay_completions(&self, cq_id: u32, delay: Duration) -> Result<()> {
         self.cq(cq_id)?.set_delay(delay);

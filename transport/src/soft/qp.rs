@@ -167,6 +167,11 @@ pub(crate) struct Slow {
     pub(crate) conn: Option<Conn>,
     /// TCP passive side: since when a posted WR has waited for the peer's data connection.
     pub(crate) conn_wait_since: Option<Instant>,
+    /// TCP responder: the next request sequence accepted. Kept by the QP, not the connection,
+    /// so a replacement connection continues where the old one stopped.
+    pub(crate) expect: u64,
+    /// TCP responder: a sequence-error NAK was sent for the current gap.
+    pub(crate) seq_nak_sent: bool,
 }
 
 impl Slow {
@@ -208,6 +213,9 @@ pub(crate) struct QpShared {
     pub(crate) rnr_retry: AtomicU8,
     pub(crate) retry_cnt: AtomicU8,
     pub(crate) timeout: AtomicU8,
+    /// The PSN of the endpoint this QP last published: on TCP, the peer's HELLO must carry it
+    /// (the soft CM makes it random), so only who was given the endpoint can attach.
+    published_psn: AtomicU32,
     /// Initiator depth (RTS `max_rd_atomic`): RDMA READs this QP keeps outstanding at most;
     /// the next one waits in the send queue, and everything behind it, as on hardware.
     max_rd_atomic: AtomicU8,
@@ -282,6 +290,11 @@ impl QpShared {
             }
             _ => Ok(()),
         }
+    }
+
+    /// See `published_psn`.
+    pub(crate) fn published_psn(&self) -> u32 {
+        self.published_psn.load(Ordering::Relaxed)
     }
 
     /// RDMA READs this QP may have outstanding (see `max_rd_atomic`).
@@ -645,7 +658,7 @@ impl QpShared {
                 g.peer = dev.qp(attr.remote.qp_num);
                 self.link_epoch.fetch_add(1, Ordering::AcqRel);
             }
-            SoftFabric::Tcp => tcp::connect_qp(self, ip, attr.remote.lid, attr.remote.qp_num)?,
+            SoftFabric::Tcp => tcp::connect_qp(self, ip, &attr.remote)?,
         }
         self.set_state(QpState::Rtr);
         if self.fabric == SoftFabric::Tcp {
@@ -689,6 +702,8 @@ impl QpShared {
         g.peer = None;
         g.peer_addr = None;
         g.retry_at = None;
+        g.expect = 0;
+        g.seq_nak_sent = false;
         if let Some(c) = g.conn.take() {
             tcp::close(self, c);
         }
@@ -709,6 +724,7 @@ impl QpShared {
                 "soft devices have one GID (index 0), not {gid_index}"
             )));
         }
+        self.published_psn.store(psn, Ordering::Relaxed);
         Ok(QpEndpoint {
             qp_num: self.qp_num,
             psn,
@@ -804,6 +820,7 @@ impl SoftQp {
             rnr_retry: AtomicU8::new(7),
             retry_cnt: AtomicU8::new(7),
             timeout: AtomicU8::new(14),
+            published_psn: AtomicU32::new(0),
             max_rd_atomic: AtomicU8::new(0),
             max_dest_rd_atomic: AtomicU8::new(0),
             in_delivery: AtomicU32::new(0),
@@ -820,6 +837,8 @@ impl SoftQp {
                 pool: Vec::new(),
                 retry_at: None,
                 conn_wait_since: None,
+                expect: 0,
+                seq_nak_sent: false,
                 rnr_left: 7,
                 retry_left: 7,
                 conn: None,

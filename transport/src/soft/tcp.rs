@@ -2,8 +2,15 @@
 //! connection per QP pair, carrying RC-like frames, and all progress is driven by polling CQs.
 //!
 //! - Each TCP device listens on `ip:fabric_port` (reported as the port's `lid`). At RTR the QP
-//!   with the smaller (ip, lid, qp_num) connects to the other device's listener and sends a
-//!   HELLO naming both QPs; the device's acceptor thread hands the stream to the named QP.
+//!   with the smaller (ip, lid, qp_num) starts a non-blocking connect to the other device's
+//!   listener and queues a HELLO naming both QPs and the PSN the peer published; the device's
+//!   acceptor (a polling loop, never blocked by a slow peer) hands the stream to the named QP
+//!   once that QP is in RTR, connected to that peer, and published that PSN (the soft CM
+//!   makes PSNs random, so only the CM peer can attach).
+//! - RC sequence: the responder's expected sequence lives in the QP, so a replacement
+//!   connection continues it (the requester re-sends what was not acknowledged; duplicates are
+//!   acknowledged again, a duplicate READ answered again). A gap is NAKed (sequence error) once
+//!   and the requester re-sends from the expected request.
 //! - Frames: a 32-byte header (type, flags, NAK code, payload length, sequence, address, key,
 //!   immediate) plus payload. Requests: SEND (+IMM / +INV), WRITE (+IMM), READ_REQ. Responses:
 //!   ACK, READ_RESP, NAK (RNR with the responder's timer, remote access, invalid request,
@@ -56,6 +63,8 @@ const NAK_REM_ACCESS: u16 = 2;
 const NAK_REM_INV_REQ: u16 = 3;
 const NAK_REM_OP: u16 = 4;
 const NAK_DEAD: u16 = 5;
+/// Sequence error: the responder expected the request whose sequence the NAK carries.
+const NAK_SEQ: u16 = 6;
 
 #[derive(Clone, Copy, Default, Debug)]
 struct Hdr {
@@ -138,57 +147,140 @@ fn raise_nofile() {
     }
 }
 
+/// How long an accepted connection may take to name its QP (HELLO), and to wait for that QP to
+/// reach RTR, before it is dropped.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
+/// How often the acceptor looks at pending connections and whether its device still exists.
+const ACCEPT_TICK: Duration = Duration::from_millis(10);
+
+/// An accepted connection whose HELLO is not complete or not yet accepted.
+struct Pending {
+    stream: std::net::TcpStream,
+    hello: [u8; HDR],
+    got: usize,
+    since: Instant,
+}
+
+/// What to do with a pending connection.
+enum Verdict {
+    Attach(Arc<QpShared>),
+    Wait,
+    Drop,
+}
+
+/// The device's acceptor: a non-blocking loop (no read can hold it up) that hands each data
+/// connection to the QP its HELLO names, once that QP is in RTR and the HELLO carries the
+/// peer it was connected to and the PSN it published (`QpShared::published_psn`).
 fn accept_loop(listener: TcpListener, dev: Weak<DeviceInner>) {
-    for stream in listener.incoming() {
+    let mut pending: Vec<Pending> = Vec::new();
+    if listener.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut listener = mio::net::TcpListener::from_std(listener);
+    let (mut poll, mut events) = match Poll::new() {
+        Ok(p) => (p, Events::with_capacity(16)),
+        Err(_) => return,
+    };
+    if poll
+        .registry()
+        .register(&mut listener, Token(0), Interest::READABLE)
+        .is_err()
+    {
+        return;
+    }
+    loop {
+        let _ = poll.poll(&mut events, Some(ACCEPT_TICK));
         let Some(dev) = dev.upgrade() else { return };
-        let Ok(mut stream) = stream else { continue };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = stream.set_nodelay(true);
-        let mut b = [0u8; HDR];
-        if stream.read_exact(&mut b).is_err() {
-            continue;
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    // Into a std stream (still non-blocking) for the byte-wise HELLO reads.
+                    let stream = std::net::TcpStream::from(std::os::fd::OwnedFd::from(stream));
+                    let _ = stream.set_nodelay(true);
+                    pending.push(Pending {
+                        stream,
+                        hello: [0; HDR],
+                        got: 0,
+                        since: Instant::now(),
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
         }
-        let Some(h) = Hdr::decode(&b) else { continue };
-        if h.ty != T_HELLO {
-            tracing::debug!(
-                device = dev.name(),
-                "soft fabric: connection without HELLO dropped"
-            );
-            continue;
+        let now = Instant::now();
+        pending.retain_mut(|p| match step_pending(&dev, p, now) {
+            Verdict::Wait => true,
+            Verdict::Drop => false,
+            Verdict::Attach(qp) => {
+                let Ok(stream) = p.stream.try_clone() else {
+                    return false;
+                };
+                let mut g = qp.lock();
+                if let Some(old) = g.conn.take() {
+                    close(&qp, old);
+                }
+                g.conn = Some(Conn::new(&qp, mio::net::TcpStream::from_std(stream)));
+                replaced_connection(&mut g);
+                g.reset_budget(&qp);
+                drop(g);
+                kick(&qp);
+                false
+            }
+        });
+    }
+}
+
+/// Read what there is of `p`'s HELLO and judge it.
+fn step_pending(dev: &Arc<DeviceInner>, p: &mut Pending, now: Instant) -> Verdict {
+    if now.duration_since(p.since) > HELLO_WAIT {
+        tracing::debug!(
+            device = dev.name(),
+            "soft fabric: no valid HELLO in time, connection dropped"
+        );
+        return Verdict::Drop;
+    }
+    while p.got < HDR {
+        match p.stream.read(&mut p.hello[p.got..]) {
+            Ok(0) => return Verdict::Drop,
+            Ok(n) => p.got += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Verdict::Wait,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return Verdict::Drop,
         }
-        let (src_qpn, dst_qpn) = (h.addr as u32, h.key);
-        let Some(qp) = dev.qp(dst_qpn) else {
-            tracing::debug!(
-                device = dev.name(),
-                qp = dst_qpn,
-                "soft fabric: HELLO for an unknown QP"
-            );
-            continue;
-        };
-        let expected = qp
-            .remote
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map(|r| r.qp_num);
-        if expected.is_some_and(|r| r != src_qpn) {
+    }
+    let Some(h) = Hdr::decode(&p.hello) else {
+        return Verdict::Drop;
+    };
+    if h.ty != T_HELLO {
+        tracing::debug!(
+            device = dev.name(),
+            "soft fabric: connection without HELLO dropped"
+        );
+        return Verdict::Drop;
+    }
+    let (src_qpn, dst_qpn, psn) = (h.addr as u32, h.key, h.imm);
+    let Some(qp) = dev.qp(dst_qpn) else {
+        tracing::debug!(
+            device = dev.name(),
+            qp = dst_qpn,
+            "soft fabric: HELLO for an unknown QP"
+        );
+        return Verdict::Drop;
+    };
+    let remote = *qp.remote.lock().unwrap_or_else(|e| e.into_inner());
+    match remote {
+        // Not in RTR yet: the peer may be faster than this QP's owner; wait for it.
+        None => Verdict::Wait,
+        Some(r) if r.qp_num == src_qpn && qp.published_psn() == psn => Verdict::Attach(qp),
+        Some(_) => {
             tracing::debug!(
                 qp = dst_qpn,
                 from = src_qpn,
-                "soft fabric: HELLO from a QP this one is not connected to"
+                "soft fabric: HELLO from a peer this QP was not connected to"
             );
-            continue;
+            Verdict::Drop
         }
-        if stream.set_nonblocking(true).is_err() {
-            continue;
-        }
-        let mut g = qp.lock();
-        if let Some(old) = g.conn.take() {
-            close(&qp, old);
-        }
-        g.conn = Some(Conn::new(&qp, mio::net::TcpStream::from_std(stream)));
-        g.reset_budget(&qp);
-        drop(g);
-        kick(&qp);
     }
 }
 
@@ -198,15 +290,14 @@ fn kick(qp: &Arc<QpShared>) {
     qp.send_cq.want_progress(qp);
 }
 
-/// RTR on the TCP fabric: the side with the smaller address connects.
-pub(crate) fn connect_qp(
-    qp: &Arc<QpShared>,
-    ip: Ipv4Addr,
-    port: u16,
-    remote_qpn: u32,
-) -> Result<()> {
+/// RTR on the TCP fabric: the side with the smaller address connects, without blocking: the
+/// connect completes and the HELLO (this QP, the peer QP and the PSN the peer published, which
+/// only who was given the peer's endpoint knows) leaves when the CQ's poll finds the socket
+/// writable. A peer that cannot be reached fails the WRs with RETRY_EXC_ERR, as on hardware.
+pub(crate) fn connect_qp(qp: &Arc<QpShared>, ip: Ipv4Addr, remote: &QpEndpoint) -> Result<()> {
+    let port = remote.lid;
     let me = (u32::from(qp.dev.ip()), qp.dev.lid(), qp.qp_num);
-    let them = (u32::from(ip), port, remote_qpn);
+    let them = (u32::from(ip), port, remote.qp_num);
     if me == them {
         return Err(TransportError::Unsupported(
             "a soft TCP QP connected to itself",
@@ -218,35 +309,39 @@ pub(crate) fn connect_qp(
         return Ok(());
     }
     let addr = SocketAddr::from((ip, port));
-    let mut s =
-        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| {
-            TransportError::Os {
-                op: "soft fabric connect",
-                source: e,
-            }
-        })?;
-    let _ = s.set_nodelay(true);
-    let mut hello = Vec::with_capacity(HDR);
-    Hdr {
-        ty: T_HELLO,
-        addr: u64::from(qp.qp_num),
-        key: remote_qpn,
-        ..Hdr::default()
-    }
-    .encode(&mut hello);
-    s.write_all(&hello).map_err(|e| TransportError::Os {
-        op: "soft fabric HELLO",
+    let stream = mio::net::TcpStream::connect(addr).map_err(|e| TransportError::Os {
+        op: "soft fabric connect",
         source: e,
     })?;
-    s.set_nonblocking(true)?;
+    let _ = stream.set_nodelay(true);
     let mut g = qp.lock();
     if let Some(old) = g.conn.take() {
         close(qp, old);
     }
-    g.conn = Some(Conn::new(qp, mio::net::TcpStream::from_std(s)));
+    let mut conn = Conn::new(qp, stream);
+    Hdr {
+        ty: T_HELLO,
+        addr: u64::from(qp.qp_num),
+        key: remote.qp_num,
+        imm: remote.psn,
+        ..Hdr::default()
+    }
+    .encode(&mut conn.out);
+    g.conn = Some(conn);
+    replaced_connection(&mut g);
     drop(g);
     kick(qp);
     Ok(())
+}
+
+/// A new data connection replaced the QP's previous one (or is its first): requests that were
+/// on the old wire may be lost, so everything not yet acknowledged goes again; the responder's
+/// expected sequence lives in the QP (`Slow::expect`) and survives, so duplicates are answered
+/// and nothing later is lost.
+fn replaced_connection(slow: &mut Slow) {
+    for e in slow.sq.iter_mut() {
+        e.sent = false;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -343,11 +438,11 @@ pub(crate) struct Conn {
     out_pos: usize,
     inb: Vec<u8>,
     in_len: usize,
-    /// Responder: the next request sequence accepted.
-    expect: u64,
     /// Requester: re-send from this sequence when the RNR timer expires.
     go_back: Option<u64>,
     dead: bool,
+    /// Fault: the next request frame is lost on the wire.
+    lose_next: bool,
 }
 
 impl Conn {
@@ -368,9 +463,9 @@ impl Conn {
             out_pos: 0,
             inb: vec![0; 64 * 1024],
             in_len: 0,
-            expect: 0,
             go_back: None,
             dead: false,
+            lose_next: false,
         }
     }
 
@@ -432,6 +527,41 @@ pub(crate) fn drop_connection(qp: &Arc<QpShared>) -> Result<()> {
     Ok(())
 }
 
+/// Fault: see `FaultInjector::lose_next_request`.
+pub(crate) fn lose_next_request(qp: &Arc<QpShared>) -> Result<()> {
+    let mut g = qp.lock();
+    let Some(c) = g.conn.as_mut() else {
+        return Err(TransportError::InvalidArgument(format!(
+            "QP {:#x} has no connection",
+            qp.qp_num
+        )));
+    };
+    c.lose_next = true;
+    Ok(())
+}
+
+/// Fault: see `FaultInjector::reconnect`. Only the connecting side can open a new connection.
+pub(crate) fn reconnect(qp: &Arc<QpShared>) -> Result<()> {
+    let remote = *qp.remote.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(remote) = remote else {
+        return Err(TransportError::InvalidArgument(format!(
+            "QP {:#x} is not connected",
+            qp.qp_num
+        )));
+    };
+    let Some(ip) = remote.gid.to_ipv4() else {
+        return Err(TransportError::Unsupported("a non-IPv4 soft peer"));
+    };
+    let me = (u32::from(qp.dev.ip()), qp.dev.lid(), qp.qp_num);
+    if me > (u32::from(ip), remote.lid, remote.qp_num) {
+        return Err(TransportError::InvalidArgument(format!(
+            "QP {:#x} is the accepting side: reconnect its peer",
+            qp.qp_num
+        )));
+    }
+    connect_qp(qp, ip, &remote)
+}
+
 /// The connection is gone: outstanding WRs fail as when retries are exhausted.
 fn lost(qp: &QpShared, slow: &mut Slow) {
     if !slow.sq.is_empty() && qp.state() != QpState::Err {
@@ -476,7 +606,13 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
         }
         conn.flush();
     }
+    let dead = conn.dead;
     slow.conn = Some(conn);
+    if dead {
+        // The write found the connection gone (e.g. refused): fail as when retries run out.
+        lost(qp, slow);
+        return;
+    }
     complete_local_heads(qp, slow);
 }
 
@@ -533,8 +669,23 @@ fn fail_at(qp: &QpShared, slow: &mut Slow, i: usize, status: WcStatus) {
     qp.fail_head(slow, status);
 }
 
-/// Encode a request frame for `e` into the connection's output buffer.
+/// Encode a request frame for `e` into the connection's output buffer (or lose it, under the
+/// `lose_next_request` fault).
 fn transmit(qp: &QpShared, conn: &mut Conn, e: &mut SqEntry) -> std::result::Result<(), WcStatus> {
+    let start = conn.out.len();
+    encode_request(qp, conn, e)?;
+    if conn.lose_next && conn.out.len() > start {
+        conn.lose_next = false;
+        conn.out.truncate(start);
+    }
+    Ok(())
+}
+
+fn encode_request(
+    qp: &QpShared,
+    conn: &mut Conn,
+    e: &mut SqEntry,
+) -> std::result::Result<(), WcStatus> {
     let mut h = Hdr {
         seq: e.seq,
         flags: if e.solicited { F_SOLICITED } else { 0 },
@@ -627,6 +778,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
     slow.conn_wait_since = None;
     if conn.dead {
         slow.conn = Some(conn);
+        lost(qp, slow);
         return false;
     }
     conn.flush();
@@ -780,6 +932,19 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
             complete_local_heads(qp, slow);
             true
         }
+        T_NAK if h.code == NAK_SEQ => {
+            // Re-send from the request the responder expects, unless an RNR timer already
+            // governs the re-send.
+            if conn.go_back.is_none() && qp.state() == QpState::Rts {
+                for e in slow.sq.iter_mut().filter(|e| e.seq >= h.seq) {
+                    e.sent = false;
+                }
+                if let Err((i, status)) = transmit_pending(qp, conn, &mut slow.sq) {
+                    fail_at(qp, slow, i, status);
+                }
+            }
+            true
+        }
         T_NAK => {
             if slow.sq.front().is_none_or(|e| e.seq != h.seq) || qp.state() == QpState::Err {
                 return true;
@@ -815,9 +980,24 @@ fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
         conn.ctl(T_NAK, h.seq, NAK_DEAD, 0);
         return;
     }
-    if h.seq != conn.expect {
-        // Go-back-N: requests after an RNR NAK'd one are dropped until it comes back.
+    if h.seq > slow.expect {
+        // A request is missing (lost on a replaced connection, or dropped after an RNR NAK):
+        // NAK the gap once (RC's sequence error NAK); the requester re-sends from there, or
+        // after its RNR timer if it is waiting on one.
+        if !slow.seq_nak_sent {
+            slow.seq_nak_sent = true;
+            conn.ctl(T_NAK, slow.expect, NAK_SEQ, 0);
+        }
         return;
+    }
+    let duplicate = h.seq < slow.expect;
+    if duplicate && h.ty != T_READ_REQ {
+        // Executed already (its ACK was lost with a connection): acknowledge it again.
+        conn.ctl(T_ACK, h.seq, 0, 0);
+        return;
+    }
+    if !duplicate {
+        slow.seq_nak_sent = false;
     }
     let access_violation = |slow: &mut Slow, conn: &mut Conn| {
         conn.ctl(T_NAK, h.seq, NAK_REM_ACCESS, 0);
@@ -848,7 +1028,7 @@ fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
                 dst.push(r);
                 mem::scatter(&dst, payload);
             }
-            conn.expect += 1;
+            slow.expect += 1;
             conn.ctl(T_ACK, h.seq, 0, 0);
         }
         T_READ_REQ => {
@@ -880,7 +1060,10 @@ fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
                 resp.len = 0;
                 resp.encode(&mut conn.out);
             }
-            conn.expect += 1;
+            // A duplicate READ is answered again (from the memory as it is now), as in RC.
+            if !duplicate {
+                slow.expect += 1;
+            }
         }
         _ => {
             qp.in_delivery.fetch_add(1, Ordering::SeqCst);
@@ -983,6 +1166,10 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
         },
         h.flags & F_SOLICITED != 0,
     );
-    conn.expect += 1;
+    slow.expect += 1;
     conn.ctl(T_ACK, h.seq, 0, 0);
 }
+
+#[cfg(test)]
+#[path = "tcp_tests.rs"]
+mod tests;

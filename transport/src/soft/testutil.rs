@@ -117,8 +117,9 @@ pub(crate) fn side(ctx: &SoftContext, o: &Opts) -> Side {
 
 /// Bring `a` and `b` to RTS against each other (pingpong-style endpoint exchange).
 pub(crate) fn connect(a: &mut SoftQp, b: &mut SoftQp, o: &Opts) {
-    let ea = a.endpoint(1, 0, 0).unwrap();
-    let eb = b.endpoint(1, 0, 0).unwrap();
+    // Distinct PSNs: on TCP a HELLO must carry the PSN its target published.
+    let ea = a.endpoint(1, 0, 0x0a11ce).unwrap();
+    let eb = b.endpoint(1, 0, 0x0b0b00).unwrap();
     for (qp, remote) in [(&mut *a, eb), (&mut *b, ea)] {
         qp.modify_to_init(1, ALL).unwrap();
         qp.modify_to_rtr(&RtrAttr {

@@ -1,0 +1,195 @@
+//! TCP fabric: RC sequence recovery (a lost request is NAKed and re-sent; a replacement data
+//! connection keeps the sequence), HELLO credentials, and a connect that never blocks RTR.
+
+use std::io::Write;
+
+use super::super::testutil::*;
+use super::*;
+use crate::provider::*;
+
+/// `a` sends `n` signaled SENDs of one byte each (`first..first + n`), `b` receives them.
+fn sends(a: &mut Side, b: &mut Side, first: u8, n: u8) {
+    for i in 0..n {
+        let slot = usize::from(first + i) * 8;
+        b.qp.post_recv(&[RecvWr {
+            wr_id: u64::from(first + i),
+            sges: &[b.mr.sge(slot, 8)],
+        }])
+        .unwrap();
+    }
+    for i in 0..n {
+        a.mr.write_at(usize::from(first + i), &[first + i]).unwrap();
+        a.qp.post_send(&[send_wr(
+            u64::from(first + i),
+            SendOp::Send,
+            &[a.mr.sge(usize::from(first + i), 1)],
+            SendFlags::SIGNALED,
+        )])
+        .unwrap();
+    }
+}
+
+/// Waits for `n` send and `n` receive completions and checks order, status and data.
+fn check(a: &Side, b: &Side, net: &Net, first: u8, n: u8) {
+    let sent = net.wait(&a.cq, usize::from(n));
+    let got = net.wait(&b.cq, usize::from(n));
+    for i in 0..n {
+        let want = u64::from(first + i);
+        let (s, r) = (sent[usize::from(i)], got[usize::from(i)]);
+        assert_eq!((s.wr_id, s.status), (want, WcStatus::Success), "{sent:?}");
+        assert_eq!((r.wr_id, r.status), (want, WcStatus::Success), "{got:?}");
+        let slot = usize::from(first + i) * 8;
+        assert_eq!(b.mr.read_vec(slot..slot + 1).unwrap(), [first + i]);
+    }
+}
+
+fn connected_pair() -> (Side, Side, Net) {
+    let (mut a, mut b) = pair(SoftFabric::Tcp, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    // One exchange each way: both data connections are attached afterwards.
+    sends(&mut a, &mut b, 0, 1);
+    check(&a, &b, &net, 0, 1);
+    sends(&mut b, &mut a, 1, 1);
+    check(&b, &a, &net, 1, 1);
+    (a, b, net)
+}
+
+#[test]
+fn lost_request_is_naked_and_resent() {
+    let (mut a, mut b, net) = connected_pair();
+    a.ctx.faults().lose_next_request(a.qp.qp_num()).unwrap();
+    // The first of these never reaches b: b NAKs the gap at the second, a re-sends.
+    sends(&mut a, &mut b, 2, 3);
+    check(&a, &b, &net, 2, 3);
+}
+
+#[test]
+fn replacement_connection_keeps_the_sequence() {
+    let (mut a, mut b, net) = connected_pair();
+    // Whichever side opened the data connection opens a new one, with requests in flight.
+    sends(&mut a, &mut b, 2, 2);
+    let faults = (a.ctx.faults(), b.ctx.faults());
+    if faults.0.reconnect(a.qp.qp_num()).is_err() {
+        faults.1.reconnect(b.qp.qp_num()).unwrap();
+    }
+    sends(&mut a, &mut b, 4, 2);
+    check(&a, &b, &net, 2, 4);
+    // And the other direction still works on the new connection.
+    sends(&mut b, &mut a, 6, 2);
+    check(&b, &a, &net, 6, 2);
+}
+
+/// A connection to `dev`'s fabric port that has sent `hello`, as the acceptor holds it.
+fn pending_with(dev: &Arc<DeviceInner>, hello: &Hdr) -> Pending {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let mut bytes = Vec::new();
+    hello.encode(&mut bytes);
+    client.write_all(&bytes).unwrap();
+    let (stream, _) = listener.accept().unwrap();
+    stream.set_nonblocking(true).unwrap();
+    // Keep the client open for the life of the test process so the server end stays readable.
+    std::mem::forget(client);
+    let _ = dev;
+    Pending {
+        stream,
+        hello: [0; HDR],
+        got: 0,
+        since: Instant::now(),
+    }
+}
+
+/// Runs the acceptor's judgement until the HELLO bytes are in (loopback: at once).
+fn judge(dev: &Arc<DeviceInner>, hello: Hdr) -> Verdict {
+    let mut p = pending_with(dev, &hello);
+    loop {
+        let v = step_pending(dev, &mut p, Instant::now());
+        if !matches!(v, Verdict::Wait) || p.got == HDR {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn hello_must_name_the_connected_peer_and_its_psn() {
+    let (a, b, _net) = connected_pair();
+    let dev = b.pd.dev().clone();
+    let good = Hdr {
+        ty: T_HELLO,
+        addr: u64::from(a.qp.qp_num()),
+        key: b.qp.qp_num(),
+        imm: b.qp.sh.published_psn(),
+        ..Hdr::default()
+    };
+    assert!(matches!(judge(&dev, good), Verdict::Attach(_)));
+    let wrong_psn = Hdr {
+        imm: good.imm ^ 1,
+        ..good
+    };
+    assert!(matches!(judge(&dev, wrong_psn), Verdict::Drop));
+    let wrong_peer = Hdr {
+        addr: good.addr + 1,
+        ..good
+    };
+    assert!(matches!(judge(&dev, wrong_peer), Verdict::Drop));
+    let unknown_qp = Hdr {
+        key: 0xfff_fff,
+        ..good
+    };
+    assert!(matches!(judge(&dev, unknown_qp), Verdict::Drop));
+    // A QP not yet in RTR: the connection waits (bounded by HELLO_WAIT), it is not attached.
+    let o = Opts::default();
+    let fresh = side(&b.ctx, &o);
+    let early = Hdr {
+        key: fresh.qp.qp_num(),
+        ..good
+    };
+    assert!(matches!(judge(&dev, early), Verdict::Wait));
+}
+
+#[test]
+fn rtr_does_not_block_on_an_unreachable_peer() {
+    let d = device(SoftFabric::Tcp, true);
+    let o = Opts::default();
+    let mut a = side(&d, &o);
+    // A port nothing listens on, at an address above a's: a is the side that connects.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let remote = QpEndpoint {
+        qp_num: 0x42,
+        psn: 7,
+        lid: port,
+        gid: Gid::from_ipv4(std::net::Ipv4Addr::new(127, 255, 255, 254)),
+    };
+    a.qp.modify_to_init(1, ALL).unwrap();
+    a.qp.modify_to_rtr(&RtrAttr {
+        remote,
+        port_num: 1,
+        sgid_index: 0,
+        path_mtu: Mtu::Mtu4096,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 1,
+    })
+    .expect("RTR returns without waiting for the connection");
+    a.qp.modify_to_rts(&RtsAttr {
+        sq_psn: 0,
+        timeout: 10,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+    })
+    .unwrap();
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::Send,
+        &[a.mr.sge(0, 4)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    let net = Net::new(&[&a.cq]);
+    let c = net.wait(&a.cq, 1);
+    assert_eq!(c[0].status, WcStatus::RetryExcErr, "{c:?}");
+}
