@@ -814,7 +814,7 @@ impl SoftCmId {
         let psn = {
             use std::hash::BuildHasher;
             std::collections::hash_map::RandomState::new()
-                .hash_one((qp.qp_num, std::time::Instant::now())) as u32
+                .hash_one((qp.qp_num(), std::time::Instant::now())) as u32
                 & 0x00ff_ffff
         };
         let ep = qp.endpoint(1, 0, psn)?;

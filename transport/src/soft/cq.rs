@@ -105,7 +105,7 @@ impl CqInner {
 
     /// Ask to be progressed on every poll until `QpShared::progress` says it is idle.
     pub(crate) fn want_progress(&self, qp: &Arc<QpShared>) {
-        if qp.progress_registered.swap(true, Ordering::AcqRel) {
+        if !qp.claim_progress() {
             return;
         }
         self.progress
@@ -122,9 +122,9 @@ impl CqInner {
         list.retain(|w| {
             let Some(qp) = w.upgrade() else { return false };
             // Clear first: a concurrent registration after this point re-adds it.
-            qp.progress_registered.store(false, Ordering::Release);
+            qp.release_progress();
             if qp.progress(now) {
-                qp.progress_registered.store(true, Ordering::Release);
+                qp.keep_progress();
                 true
             } else {
                 false

@@ -3,7 +3,6 @@
 //! and a device-fatal event.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::device::DeviceInner;
@@ -19,7 +18,9 @@ pub struct FaultInjector {
 
 pub(crate) fn fail_qp(qp: &Arc<QpShared>) {
     qp.enter_err(true);
-    qp.dev.raise(AsyncEventKind::QpFatal { qp_num: qp.qp_num });
+    qp.dev().raise(AsyncEventKind::QpFatal {
+        qp_num: qp.qp_num(),
+    });
 }
 
 impl FaultInjector {
@@ -43,12 +44,12 @@ impl FaultInjector {
     /// both QPs fail with RETRY_EXC_ERR and the QPs go to ERR, as when a cable is pulled.
     pub fn drop_connection(&self, qp_num: u32) -> Result<()> {
         let qp = self.qp(qp_num)?;
-        match qp.fabric {
+        match qp.fabric() {
             SoftFabric::InProcess => {
-                qp.link_down.store(true, Ordering::Release);
+                qp.set_link_down();
                 let peer = qp.lock().peer.clone();
                 if let Some(p) = peer {
-                    p.link_down.store(true, Ordering::Release);
+                    p.set_link_down();
                 }
                 Ok(())
             }

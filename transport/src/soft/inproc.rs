@@ -10,7 +10,6 @@
 //! requester's retries are exhausted at once (RETRY_EXC_ERR).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::mem::{self, SgList};
 use super::qp::QpShared;
@@ -80,8 +79,8 @@ fn responder_ready(peer: &QpShared) -> Result<(), Outcome> {
 
 /// A remote access violation at the responder: it goes to ERR with QP_ACCESS_ERR.
 fn access_violation(peer: &Arc<QpShared>) -> Outcome {
-    peer.dev.raise(AsyncEventKind::QpAccessErr {
-        qp_num: peer.qp_num,
+    peer.dev().raise(AsyncEventKind::QpAccessErr {
+        qp_num: peer.qp_num(),
     });
     peer.enter_err(false);
     Outcome::Fail(WcStatus::RemAccessErr)
@@ -96,17 +95,17 @@ fn remote_range<'a>(
     len: u64,
     access: Access,
 ) -> Result<mem::KeyRef<'a>, Outcome> {
-    if !Access::from_bits_truncate(peer.remote_access.load(Ordering::Acquire)).contains(access) {
+    if !peer.grants_remote(access) {
         return Err(access_violation(peer));
     }
-    peer.dev
+    peer.dev()
         .keys
-        .lookup(rkey, true, peer.pd, addr, len, access)
+        .lookup(rkey, true, peer.pd(), addr, len, access)
         .map_err(|_| access_violation(peer))
 }
 
 pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> Outcome {
-    if req.link_down.load(Ordering::Acquire) {
+    if req.link_is_down() {
         return Outcome::Fail(WcStatus::RetryExcErr);
     }
     let local_need = if matches!(wr.op, SendOp::RdmaRead { .. }) {
@@ -115,7 +114,7 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
         Access::empty()
     };
     let src = match wr.data {
-        Data::Sges(sges) => match mem::resolve_local(&req.dev.keys, req.pd, sges, local_need) {
+        Data::Sges(sges) => match mem::resolve_local(&req.dev().keys, req.pd(), sges, local_need) {
             Ok(l) => Src::Sg(l),
             Err(_) => return Outcome::Fail(WcStatus::LocProtErr),
         },
@@ -200,11 +199,7 @@ fn deliver(
     opcode: WcOpcode,
     write: Option<(u64, u32)>,
 ) -> Outcome {
-    peer.in_delivery.fetch_add(1, Ordering::SeqCst);
-    let out = deliver_inner(req, peer, src, wr, imm, inv, opcode, write);
-    peer.in_delivery.fetch_sub(1, Ordering::SeqCst);
-    peer.maybe_last_wqe();
-    out
+    peer.delivering(|| deliver_inner(req, peer, src, wr, imm, inv, opcode, write))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -228,15 +223,13 @@ fn deliver_inner(
     let mut write_dst = SgList::new();
     if let Some((addr, rkey)) = write {
         if len > 0 {
-            if !Access::from_bits_truncate(peer.remote_access.load(Ordering::Acquire))
-                .contains(Access::REMOTE_WRITE)
-            {
+            if !peer.grants_remote(Access::REMOTE_WRITE) {
                 return access_violation(peer);
             }
             match peer
-                .dev
+                .dev()
                 .keys
-                .lookup(rkey, true, peer.pd, addr, len, Access::REMOTE_WRITE)
+                .lookup(rkey, true, peer.pd(), addr, len, Access::REMOTE_WRITE)
             {
                 Ok(r) => write_dst.push(r),
                 Err(_) => return access_violation(peer),
@@ -245,7 +238,7 @@ fn deliver_inner(
     }
     let Some(recv) = peer.pop_recv() else {
         return Outcome::Rnr {
-            timer: peer.min_rnr_timer.load(Ordering::Relaxed),
+            timer: peer.min_rnr_timer(),
         };
     };
     let fail_recv = |status: WcStatus| {
@@ -254,7 +247,7 @@ fn deliver_inner(
                 wr_id: recv.wr_id,
                 status,
                 opcode: WcOpcode::Recv,
-                src_qp: req.qp_num,
+                src_qp: req.qp_num(),
                 ..Default::default()
             },
             false,
@@ -265,7 +258,7 @@ fn deliver_inner(
         write_dst
     } else {
         match mem::resolve_local(
-            &peer.dev.keys,
+            &peer.dev().keys,
             peer.recv_pd(),
             recv.sges(),
             Access::LOCAL_WRITE,
@@ -282,7 +275,7 @@ fn deliver_inner(
         return Outcome::Fail(WcStatus::RemInvReqErr);
     }
     if let Some(rkey) = inv {
-        if !peer.dev.keys.invalidate_rkey(rkey, peer.pd) {
+        if !peer.dev().keys.invalidate_rkey(rkey, peer.pd()) {
             fail_recv(WcStatus::RemInvReqErr);
             return Outcome::Fail(WcStatus::RemOpErr);
         }
@@ -294,7 +287,7 @@ fn deliver_inner(
             status: WcStatus::Success,
             opcode,
             byte_len: len as u32,
-            src_qp: req.qp_num,
+            src_qp: req.qp_num(),
             imm_data: imm,
             invalidated_rkey: inv,
             ..Default::default()

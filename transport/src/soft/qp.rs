@@ -152,18 +152,21 @@ impl SqEntry {
     }
 }
 
-/// The part of a QP behind a mutex: stalled sends, peer link, TCP connection.
+/// The part of a QP behind a mutex: stalled sends, peer link, TCP connection. qp.rs owns the
+/// peer link and the retry budget (`reset_budget`, `stall_accounting`); the send queue is
+/// appended by posts (qp.rs) and retired by either fabric; `conn`, `conn_wait_since`,
+/// `expect` and `seq_nak_sent` belong to tcp.rs.
 pub(crate) struct Slow {
     /// In-process: the peer QP (resolved lazily from `peer_addr`).
     pub(crate) peer: Option<Arc<QpShared>>,
-    pub(crate) peer_addr: Option<(u16, u32)>,
+    peer_addr: Option<(u16, u32)>,
     /// Posted, not yet finished sends (in-process: stalled; TCP: in flight or waiting).
     pub(crate) sq: VecDeque<SqEntry>,
     pool: Vec<SqEntry>,
     /// When the head may be retried (RNR timer / ACK timeout).
     pub(crate) retry_at: Option<Instant>,
-    pub(crate) rnr_left: u8,
-    pub(crate) retry_left: u8,
+    rnr_left: u8,
+    retry_left: u8,
     pub(crate) conn: Option<Conn>,
     /// TCP passive side: since when a posted WR has waited for the peer's data connection.
     pub(crate) conn_wait_since: Option<Instant>,
@@ -192,27 +195,32 @@ pub(crate) enum Stall {
     Fail(WcStatus),
 }
 
-/// The cross-thread part of a QP.
+/// The cross-thread part of a QP. Its fields are private: the fixed ones (set at creation)
+/// are read through accessors; the changing ones are changed only by the methods below, in
+/// this file: the state word and the transitions, the link flag (`set_link_down`, fault.rs),
+/// delivery counting (`delivering`, both fabrics' responders), the progress registration
+/// (`claim_progress` and friends, cq.rs), and `Slow` under `lock()` (this file's send queue
+/// and retry budget; tcp.rs's connection and responder sequence).
 pub(crate) struct QpShared {
-    pub(crate) qp_num: u32,
-    pub(crate) dev: Arc<DeviceInner>,
-    pub(crate) pd: u32,
-    pub(crate) fabric: SoftFabric,
+    qp_num: u32,
+    dev: Arc<DeviceInner>,
+    pd: u32,
+    fabric: SoftFabric,
     state: AtomicU8,
-    pub(crate) destroyed: AtomicBool,
+    destroyed: AtomicBool,
     /// Fault: the link to the peer is down (sends fail with RETRY_EXC_ERR).
-    pub(crate) link_down: AtomicBool,
-    pub(crate) send_cq: Arc<CqInner>,
-    pub(crate) recv_cq: Arc<CqInner>,
+    link_down: AtomicBool,
+    send_cq: Arc<CqInner>,
+    recv_cq: Arc<CqInner>,
     rq: Option<ArrayQueue<RecvEntry>>,
-    pub(crate) srq: Option<Arc<SrqInner>>,
-    pub(crate) caps: QpCaps,
-    pub(crate) sig_all: bool,
-    pub(crate) remote_access: AtomicU32,
-    pub(crate) min_rnr_timer: AtomicU8,
-    pub(crate) rnr_retry: AtomicU8,
-    pub(crate) retry_cnt: AtomicU8,
-    pub(crate) timeout: AtomicU8,
+    srq: Option<Arc<SrqInner>>,
+    caps: QpCaps,
+    sig_all: bool,
+    remote_access: AtomicU32,
+    min_rnr_timer: AtomicU8,
+    rnr_retry: AtomicU8,
+    retry_cnt: AtomicU8,
+    timeout: AtomicU8,
     /// The PSN of the endpoint this QP last published: on TCP, the peer's HELLO must carry it
     /// (the soft CM makes it random), so only who was given the endpoint can attach.
     published_psn: AtomicU32,
@@ -223,20 +231,79 @@ pub(crate) struct QpShared {
     /// as it arrives, so it never holds more than one; recorded for completeness.
     max_dest_rd_atomic: AtomicU8,
     /// Deliveries into this QP's receive side in progress (for LAST_WQE_REACHED).
-    pub(crate) in_delivery: AtomicU32,
+    in_delivery: AtomicU32,
     last_wqe_raised: AtomicBool,
     /// Send queue slots retired by polled completions (sequence of the next unretired WR).
-    pub(crate) retired: Arc<AtomicU64>,
+    retired: Arc<AtomicU64>,
     /// Sends are stalled: new ones queue behind the head (RC order).
-    pub(crate) stalled: AtomicBool,
-    pub(crate) progress_registered: AtomicBool,
+    stalled: AtomicBool,
+    progress_registered: AtomicBool,
     /// Bumped when the peer link changes, so the owner refreshes its cached peer.
     link_epoch: AtomicU64,
-    pub(crate) remote: Mutex<Option<QpEndpoint>>,
-    pub(crate) slow: Mutex<Slow>,
+    remote: Mutex<Option<QpEndpoint>>,
+    slow: Mutex<Slow>,
 }
 
 impl QpShared {
+    pub(crate) fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+    pub(crate) fn dev(&self) -> &Arc<DeviceInner> {
+        &self.dev
+    }
+    pub(crate) fn pd(&self) -> u32 {
+        self.pd
+    }
+    pub(crate) fn fabric(&self) -> SoftFabric {
+        self.fabric
+    }
+    pub(crate) fn send_cq(&self) -> &Arc<CqInner> {
+        &self.send_cq
+    }
+    pub(crate) fn recv_cq(&self) -> &Arc<CqInner> {
+        &self.recv_cq
+    }
+    /// The peer this QP was connected to at RTR (None before RTR and after reset).
+    pub(crate) fn remote(&self) -> Option<QpEndpoint> {
+        *self.remote.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// Whether the access granted to the peer at INIT includes `need`.
+    pub(crate) fn grants_remote(&self, need: Access) -> bool {
+        Access::from_bits_truncate(self.remote_access.load(Ordering::Acquire)).contains(need)
+    }
+    /// The RNR NAK timer code this QP (as responder) asks requesters to wait.
+    pub(crate) fn min_rnr_timer(&self) -> u8 {
+        self.min_rnr_timer.load(Ordering::Relaxed)
+    }
+    /// Fault: the link to the peer is down from now on.
+    pub(crate) fn set_link_down(&self) {
+        self.link_down.store(true, Ordering::Release);
+    }
+    pub(crate) fn link_is_down(&self) -> bool {
+        self.link_down.load(Ordering::Acquire)
+    }
+    /// Run `deliver` as a delivery into this QP's receive side (counted, so LAST_WQE_REACHED
+    /// waits for it), then check whether the last WQE was reached.
+    pub(crate) fn delivering<T>(&self, deliver: impl FnOnce() -> T) -> T {
+        self.in_delivery.fetch_add(1, Ordering::SeqCst);
+        let out = deliver();
+        self.in_delivery.fetch_sub(1, Ordering::SeqCst);
+        self.maybe_last_wqe();
+        out
+    }
+    /// A CQ's progress list: true if this QP was not on it yet (the caller adds it).
+    pub(crate) fn claim_progress(&self) -> bool {
+        !self.progress_registered.swap(true, Ordering::AcqRel)
+    }
+    /// Taken off the progress list before a run (a registration racing in re-adds it).
+    pub(crate) fn release_progress(&self) {
+        self.progress_registered.store(false, Ordering::Release);
+    }
+    /// Stays on the progress list after a run that wants another.
+    pub(crate) fn keep_progress(&self) {
+        self.progress_registered.store(true, Ordering::Release);
+    }
+
     pub(crate) fn state(&self) -> QpState {
         u8_to_st(self.state.load(Ordering::SeqCst))
     }

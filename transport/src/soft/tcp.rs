@@ -27,7 +27,6 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -268,7 +267,7 @@ fn step_pending(dev: &Arc<DeviceInner>, p: &mut Pending, now: Instant) -> Verdic
         );
         return Verdict::Drop;
     };
-    let remote = *qp.remote.lock().unwrap_or_else(|e| e.into_inner());
+    let remote = qp.remote();
     match remote {
         // Not in RTR yet: the peer may be faster than this QP's owner; wait for it.
         None => Verdict::Wait,
@@ -287,7 +286,7 @@ fn step_pending(dev: &Arc<DeviceInner>, p: &mut Pending, now: Instant) -> Verdic
 /// Make the QP's CQs run its progress on their next poll (data may already be waiting).
 fn kick(qp: &Arc<QpShared>) {
     // One progress run covers both directions of the connection.
-    qp.send_cq.want_progress(qp);
+    qp.send_cq().want_progress(qp);
 }
 
 /// RTR on the TCP fabric: the side with the smaller address connects, without blocking: the
@@ -296,7 +295,7 @@ fn kick(qp: &Arc<QpShared>) {
 /// writable. A peer that cannot be reached fails the WRs with RETRY_EXC_ERR, as on hardware.
 pub(crate) fn connect_qp(qp: &Arc<QpShared>, ip: Ipv4Addr, remote: &QpEndpoint) -> Result<()> {
     let port = remote.lid;
-    let me = (u32::from(qp.dev.ip()), qp.dev.lid(), qp.qp_num);
+    let me = (u32::from(qp.dev().ip()), qp.dev().lid(), qp.qp_num());
     let them = (u32::from(ip), port, remote.qp_num);
     if me == them {
         return Err(TransportError::Unsupported(
@@ -321,7 +320,7 @@ pub(crate) fn connect_qp(qp: &Arc<QpShared>, ip: Ipv4Addr, remote: &QpEndpoint) 
     let mut conn = Conn::new(qp, stream);
     Hdr {
         ty: T_HELLO,
-        addr: u64::from(qp.qp_num),
+        addr: u64::from(qp.qp_num()),
         key: remote.qp_num,
         imm: remote.psn,
         ..Hdr::default()
@@ -378,7 +377,7 @@ impl TcpPoller {
         self.qps
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(qp.qp_num, Arc::downgrade(qp));
+            .insert(qp.qp_num(), Arc::downgrade(qp));
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
@@ -421,7 +420,7 @@ impl TcpPoller {
                 .and_then(Weak::upgrade);
             if let Some(qp) = qp {
                 if qp.progress(now) {
-                    qp.send_cq.want_progress(&qp);
+                    qp.send_cq().want_progress(&qp);
                 }
             }
         }
@@ -448,12 +447,12 @@ pub(crate) struct Conn {
 impl Conn {
     fn new(qp: &QpShared, stream: mio::net::TcpStream) -> Conn {
         let fd = stream.as_raw_fd();
-        if let Some(t) = &qp.send_cq.tcp {
-            t.register(fd, qp.qp_num);
+        if let Some(t) = &qp.send_cq().tcp {
+            t.register(fd, qp.qp_num());
         }
-        if !Arc::ptr_eq(&qp.send_cq, &qp.recv_cq) {
-            if let Some(t) = &qp.recv_cq.tcp {
-                t.register(fd, qp.qp_num);
+        if !Arc::ptr_eq(qp.send_cq(), qp.recv_cq()) {
+            if let Some(t) = &qp.recv_cq().tcp {
+                t.register(fd, qp.qp_num());
             }
         }
         Conn {
@@ -503,10 +502,10 @@ impl Conn {
 
 /// Close a QP's connection (reset, destroy, replacement).
 pub(crate) fn close(qp: &QpShared, c: Conn) {
-    if let Some(t) = &qp.send_cq.tcp {
+    if let Some(t) = &qp.send_cq().tcp {
         t.deregister(c.fd);
     }
-    if let Some(t) = &qp.recv_cq.tcp {
+    if let Some(t) = &qp.recv_cq().tcp {
         t.deregister(c.fd);
     }
     let _ = c.stream.shutdown(std::net::Shutdown::Both);
@@ -518,7 +517,7 @@ pub(crate) fn drop_connection(qp: &Arc<QpShared>) -> Result<()> {
     let Some(c) = g.conn.as_mut() else {
         return Err(TransportError::InvalidArgument(format!(
             "QP {:#x} has no connection",
-            qp.qp_num
+            qp.qp_num()
         )));
     };
     let _ = c.stream.shutdown(std::net::Shutdown::Both);
@@ -533,7 +532,7 @@ pub(crate) fn lose_next_request(qp: &Arc<QpShared>) -> Result<()> {
     let Some(c) = g.conn.as_mut() else {
         return Err(TransportError::InvalidArgument(format!(
             "QP {:#x} has no connection",
-            qp.qp_num
+            qp.qp_num()
         )));
     };
     c.lose_next = true;
@@ -542,21 +541,21 @@ pub(crate) fn lose_next_request(qp: &Arc<QpShared>) -> Result<()> {
 
 /// Fault: see `FaultInjector::reconnect`. Only the connecting side can open a new connection.
 pub(crate) fn reconnect(qp: &Arc<QpShared>) -> Result<()> {
-    let remote = *qp.remote.lock().unwrap_or_else(|e| e.into_inner());
+    let remote = qp.remote();
     let Some(remote) = remote else {
         return Err(TransportError::InvalidArgument(format!(
             "QP {:#x} is not connected",
-            qp.qp_num
+            qp.qp_num()
         )));
     };
     let Some(ip) = remote.gid.to_ipv4() else {
         return Err(TransportError::Unsupported("a non-IPv4 soft peer"));
     };
-    let me = (u32::from(qp.dev.ip()), qp.dev.lid(), qp.qp_num);
+    let me = (u32::from(qp.dev().ip()), qp.dev().lid(), qp.qp_num());
     if me > (u32::from(ip), remote.lid, remote.qp_num) {
         return Err(TransportError::InvalidArgument(format!(
             "QP {:#x} is the accepting side: reconnect its peer",
-            qp.qp_num
+            qp.qp_num()
         )));
     }
     connect_qp(qp, ip, &remote)
@@ -595,7 +594,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
     }
     let Some(mut conn) = slow.conn.take() else {
         // The passive side before the peer's connection arrived: sent once it is attached.
-        qp.send_cq.want_progress(qp);
+        qp.send_cq().want_progress(qp);
         return;
     };
     if conn.go_back.is_none() {
@@ -706,7 +705,7 @@ fn encode_request(
         } => (h.ty, h.addr, h.key, h.imm) = (T_WRITE_IMM, remote_addr, rkey, imm),
         SendOp::RdmaRead { remote_addr, rkey } => {
             // Validate the local sink now; it is checked again when the data comes back.
-            let list = mem::resolve_local(&qp.dev.keys, qp.pd, e.sges(), Access::LOCAL_WRITE)
+            let list = mem::resolve_local(&qp.dev().keys, qp.pd(), e.sges(), Access::LOCAL_WRITE)
                 .map_err(|_| WcStatus::LocProtErr)?;
             if list.total() > MAX_PAYLOAD as u64 {
                 return Err(WcStatus::LocLenErr);
@@ -733,7 +732,7 @@ fn encode_request(
                 conn.out.extend_from_slice(b);
             }
             super::inproc::Data::Sges(sges) => {
-                let list = mem::resolve_local(&qp.dev.keys, qp.pd, sges, Access::empty())
+                let list = mem::resolve_local(&qp.dev().keys, qp.pd(), sges, Access::empty())
                     .map_err(|_| WcStatus::LocProtErr)?;
                 let n = list.total() as usize;
                 if n > MAX_PAYLOAD {
@@ -792,7 +791,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                     Hdr::decode(&conn.inb[..conn.in_len]).map_or(HDR, |h| HDR + h.len as usize);
                 if need > HDR + MAX_PAYLOAD {
                     tracing::warn!(
-                        qp = qp.qp_num,
+                        qp = qp.qp_num(),
                         need,
                         "soft fabric: oversized frame, dropping the connection"
                     );
@@ -859,7 +858,7 @@ fn handle_frames(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn) -> bool {
         let len = h.len as usize;
         if len > MAX_PAYLOAD {
             tracing::warn!(
-                qp = qp.qp_num,
+                qp = qp.qp_num(),
                 len,
                 "soft fabric: oversized frame, dropping the connection"
             );
@@ -908,7 +907,7 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
             if e.seq != h.seq || !matches!(e.op, SendOp::RdmaRead { .. }) {
                 return true;
             }
-            match mem::resolve_local(&qp.dev.keys, qp.pd, e.sges(), Access::LOCAL_WRITE) {
+            match mem::resolve_local(&qp.dev().keys, qp.pd(), e.sges(), Access::LOCAL_WRITE) {
                 Ok(list) if list.total() >= payload.len() as u64 => {
                     mem::scatter(&list, payload);
                 }
@@ -957,7 +956,7 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
                         for e in slow.sq.iter_mut() {
                             e.sent = false;
                         }
-                        qp.send_cq.want_progress(qp);
+                        qp.send_cq().want_progress(qp);
                         return true;
                     }
                     Stall::Fail(s) => s,
@@ -1001,23 +1000,22 @@ fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
     }
     let access_violation = |slow: &mut Slow, conn: &mut Conn| {
         conn.ctl(T_NAK, h.seq, NAK_REM_ACCESS, 0);
-        qp.dev
-            .raise(AsyncEventKind::QpAccessErr { qp_num: qp.qp_num });
+        qp.dev().raise(AsyncEventKind::QpAccessErr {
+            qp_num: qp.qp_num(),
+        });
         qp.enter_err_locked(slow);
     };
-    let remote_ok = |need: Access| {
-        Access::from_bits_truncate(qp.remote_access.load(Ordering::Acquire)).contains(need)
-    };
+    let remote_ok = |need: Access| qp.grants_remote(need);
     match h.ty {
         T_WRITE => {
             if !payload.is_empty() {
                 if !remote_ok(Access::REMOTE_WRITE) {
                     return access_violation(slow, conn);
                 }
-                let Ok(r) = qp.dev.keys.lookup(
+                let Ok(r) = qp.dev().keys.lookup(
                     h.key,
                     true,
-                    qp.pd,
+                    qp.pd(),
                     h.addr,
                     payload.len() as u64,
                     Access::REMOTE_WRITE,
@@ -1043,11 +1041,14 @@ fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
                 if !remote_ok(Access::REMOTE_READ) {
                     return access_violation(slow, conn);
                 }
-                let Ok(r) =
-                    qp.dev
-                        .keys
-                        .lookup(h.key, true, qp.pd, h.addr, len as u64, Access::REMOTE_READ)
-                else {
+                let Ok(r) = qp.dev().keys.lookup(
+                    h.key,
+                    true,
+                    qp.pd(),
+                    h.addr,
+                    len as u64,
+                    Access::REMOTE_READ,
+                ) else {
                     return access_violation(slow, conn);
                 };
                 let mut src = mem::SgList::new();
@@ -1066,10 +1067,7 @@ fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
             }
         }
         _ => {
-            qp.in_delivery.fetch_add(1, Ordering::SeqCst);
-            deliver(qp, slow, conn, h, payload);
-            qp.in_delivery.fetch_sub(1, Ordering::SeqCst);
-            qp.maybe_last_wqe();
+            qp.delivering(|| deliver(qp, slow, conn, h, payload));
         }
     }
 }
@@ -1083,12 +1081,11 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
     let write = h.ty == T_WRITE_IMM;
     let mut write_dst = mem::SgList::new();
     if write && !payload.is_empty() {
-        let ok = Access::from_bits_truncate(qp.remote_access.load(Ordering::Acquire))
-            .contains(Access::REMOTE_WRITE);
-        match qp.dev.keys.lookup(
+        let ok = qp.grants_remote(Access::REMOTE_WRITE);
+        match qp.dev().keys.lookup(
             h.key,
             true,
-            qp.pd,
+            qp.pd(),
             h.addr,
             payload.len() as u64,
             Access::REMOTE_WRITE,
@@ -1096,27 +1093,19 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
             Ok(r) if ok => write_dst.push(r),
             _ => {
                 conn.ctl(T_NAK, h.seq, NAK_REM_ACCESS, 0);
-                qp.dev
-                    .raise(AsyncEventKind::QpAccessErr { qp_num: qp.qp_num });
+                qp.dev().raise(AsyncEventKind::QpAccessErr {
+                    qp_num: qp.qp_num(),
+                });
                 qp.enter_err_locked(slow);
                 return;
             }
         }
     }
     let Some(recv) = qp.pop_recv() else {
-        conn.ctl(
-            T_NAK,
-            h.seq,
-            NAK_RNR,
-            u32::from(qp.min_rnr_timer.load(Ordering::Relaxed)),
-        );
+        conn.ctl(T_NAK, h.seq, NAK_RNR, u32::from(qp.min_rnr_timer()));
         return;
     };
-    let src_qp = qp
-        .remote
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .map_or(0, |r| r.qp_num);
+    let src_qp = qp.remote().map_or(0, |r| r.qp_num);
     let fail = |slow: &mut Slow, conn: &mut Conn, status: WcStatus, nak: u16| {
         qp.complete_recv(
             WorkCompletion {
@@ -1134,7 +1123,12 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
     let dst = if write {
         write_dst
     } else {
-        match mem::resolve_local(&qp.dev.keys, qp.recv_pd(), recv.sges(), Access::LOCAL_WRITE) {
+        match mem::resolve_local(
+            &qp.dev().keys,
+            qp.recv_pd(),
+            recv.sges(),
+            Access::LOCAL_WRITE,
+        ) {
             Ok(d) => d,
             Err(_) => return fail(slow, conn, WcStatus::LocProtErr, NAK_REM_OP),
         }
@@ -1144,7 +1138,7 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
     }
     let inv = (h.ty == T_SEND_INV).then_some(h.key);
     if let Some(rkey) = inv {
-        if !qp.dev.keys.invalidate_rkey(rkey, qp.pd) {
+        if !qp.dev().keys.invalidate_rkey(rkey, qp.pd()) {
             return fail(slow, conn, WcStatus::RemInvReqErr, NAK_REM_OP);
         }
     }
