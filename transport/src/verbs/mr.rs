@@ -9,6 +9,7 @@ use rdma_sys::*;
 
 use super::pd::{PdInner, VerbsPd};
 use crate::error::{Result, TransportError};
+use crate::mapped::MappedMemory;
 use crate::provider::{MrOps, MwOps, OwnedMemory, bind_op};
 use crate::types::{Access, SendOp};
 
@@ -16,46 +17,9 @@ use crate::types::{Access, SendOp};
 #[allow(dead_code, reason = "held for its Drop")]
 enum Backing {
     Owned(Box<dyn std::any::Any + Send>),
-    Mapped(Mapping),
+    Mapped(MappedMemory),
     /// `reg_mr_raw`: the caller keeps the memory (its safety contract).
     Borrowed,
-}
-
-/// An anonymous private mapping: page-aligned and zero-filled by the kernel.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize) -> Result<Mapping> {
-        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(TransportError::last_os("mmap"));
-        }
-        Ok(Mapping {
-            ptr: ptr.cast(),
-            len,
-        })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was created by `Mapping::new` with this length and is unmapped
-        // once, after deregistration (the MR's Drop runs before its fields drop).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
 }
 
 /// A registered memory region.
@@ -109,8 +73,8 @@ impl VerbsMr {
             ));
         }
         check_access(access)?;
-        let map = Mapping::new(len)?;
-        let addr = map.ptr;
+        let mut map = MappedMemory::new(len)?;
+        let addr = map.as_mut_ptr();
         Self::finish(pd, addr, len, access, Backing::Mapped(map))
     }
 
@@ -296,14 +260,5 @@ mod tests {
         assert!(check_access(Access::REMOTE_WRITE).is_err());
         assert!(check_access(Access::REMOTE_WRITE | Access::LOCAL_WRITE).is_ok());
         assert!(check_access(Access::REMOTE_READ).is_ok());
-    }
-
-    #[test]
-    fn mapping_is_page_aligned_and_zeroed() {
-        let m = Mapping::new(10_000).unwrap();
-        assert_eq!(m.ptr as usize % 4096, 0);
-        // SAFETY: the mapping is live and 10_000 bytes long.
-        let s = unsafe { std::slice::from_raw_parts(m.ptr, m.len) };
-        assert!(s.iter().all(|&b| b == 0));
     }
 }

@@ -117,6 +117,10 @@ pub fn register_owned_and_raw_memory(flavor: Flavor) {
     let Some(mut p) = pair(flavor) else { return };
     // Memory the caller hands over (kept by the region) ...
     let owned = p.pd.reg_mr_owned(vec![0u8; 4096], all_access()).unwrap();
+    let mapped =
+        p.pd.reg_mr_owned(MappedMemory::new(8192).unwrap(), all_access())
+            .unwrap();
+    assert_eq!(mapped.addr() % 4096, 0);
     // ... and memory the caller keeps (freed only after the region is dropped).
     let mut kept = vec![0u64; 512].into_boxed_slice();
     let kept_ptr = kept.as_mut_ptr().cast::<u8>();
@@ -125,7 +129,7 @@ pub fn register_owned_and_raw_memory(flavor: Flavor) {
     let raw = unsafe { p.pd.reg_mr_raw(kept_ptr, 4096, all_access()) }.unwrap();
     assert_eq!(raw.addr(), kept_ptr as u64);
     p.local.write_at(0, &pattern(64, 5)).unwrap();
-    for (i, mr) in [&owned, &raw].into_iter().enumerate() {
+    for (i, mr) in [&owned, &mapped, &raw].into_iter().enumerate() {
         let (addr, rkey) = (mr.addr() + 100, mr.rkey());
         let c = p.remote(
             i as u64,
