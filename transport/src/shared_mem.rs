@@ -98,7 +98,21 @@ pub(crate) unsafe fn read(region: Region, addr: usize, dst: &mut [u8]) {
     let mut out = 0;
     while out < dst.len() {
         let left = dst.len() - out;
-        if at >= first && at < last {
+        if at >= first && at % WORD == 0 && left >= WORD && at + WORD <= last {
+            // Whole words: the bulk of any copy.
+            let words = ((last - at) / WORD).min(left / WORD);
+            let sink = dst[out..out + words * WORD].as_mut_ptr();
+            for i in 0..words {
+                // SAFETY: the word is aligned and wholly inside the live region (caller
+                // contract); `sink + i * WORD .. + WORD` lies inside the checked `dst` range.
+                unsafe {
+                    let value = atomic_u64(at + i * WORD).load(Ordering::Relaxed);
+                    sink.add(i * WORD).cast::<u64>().write_unaligned(value);
+                }
+            }
+            at += words * WORD;
+            out += words * WORD;
+        } else if at >= first && at < last {
             let word = at & !(WORD - 1);
             let skip = at - word;
             // SAFETY: `word` is aligned and wholly inside the live region (caller contract).
@@ -128,7 +142,20 @@ pub(crate) unsafe fn write(region: Region, addr: usize, src: &[u8]) {
     let mut inp = 0;
     while inp < src.len() {
         let left = src.len() - inp;
-        if at >= first && at < last {
+        if at >= first && at % WORD == 0 && left >= WORD && at + WORD <= last {
+            // Whole words: the bulk of any copy.
+            let words = ((last - at) / WORD).min(left / WORD);
+            let source = src[inp..inp + words * WORD].as_ptr();
+            for i in 0..words {
+                // SAFETY: as in `read`'s word loop, with `source` inside the checked `src`.
+                unsafe {
+                    let value = source.add(i * WORD).cast::<u64>().read_unaligned();
+                    atomic_u64(at + i * WORD).store(value, Ordering::Relaxed);
+                }
+            }
+            at += words * WORD;
+            inp += words * WORD;
+        } else if at >= first && at < last {
             let word = at & !(WORD - 1);
             let skip = at - word;
             let n = (WORD - skip).min(left);
