@@ -24,11 +24,27 @@ impl Handler<()> for Sink {
             pg.finish(req);
             return;
         }
-        let _ = pg.alloc_buffers(req, 16);
+        if pg.alloc_buffers(req, 16).ok() == Some(BufferGrant::Ready) {
+            respond(pg, req);
+        }
+    }
+    fn chain_done(&mut self, pg: &mut PollGroup<()>, req: ReqId, _: WrKind, _: WcStatus) {
+        pg.finish(req);
+    }
+    fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
+    fn aborted(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
+        pg.finish(req);
+    }
+    fn buffers_ready(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
+        respond(pg, req);
+    }
+}
+
+fn respond(pg: &mut PollGroup<()>, req: ReqId) {
+    {
         let mut sges = [Sge::default(); MAX_WR_SGES];
         let n = pg.buffer_sges(req, 16, &mut sges);
         let wr = ChainWr {
-            kind: WrKind::Send,
             op: SendOp::Send,
             sges: &sges[..n],
             inline: true,
@@ -37,10 +53,6 @@ impl Handler<()> for Sink {
             pg.finish(req);
         }
     }
-    fn chain_done(&mut self, pg: &mut PollGroup<()>, req: ReqId, _: WrKind, _: WcStatus) {
-        pg.finish(req);
-    }
-    fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
 }
 
 struct Bench {
@@ -117,7 +129,7 @@ fn setup(n: usize, dev: u32) -> Bench {
             })
             .unwrap();
         }
-        pg_qpns.push(pg.add_qp(t, 128, 0).unwrap());
+        pg_qpns.push(pg.add_qp(t, 128, 16, 0).unwrap());
         hosts.push(h);
     }
     Bench {
