@@ -200,6 +200,8 @@ pub struct PollGroup<R = ()> {
     device_max_qp_wr: u32,
     /// The CQ failed: the group takes no more work.
     failed: Option<String>,
+    /// Test fault: the next send post on (qpair index) hands over only this many WRs.
+    post_fault: Option<(u32, usize)>,
     tree_lookups: Cell<u64>,
     stats: PollGroupStats,
 }
@@ -268,6 +270,7 @@ impl<R> PollGroup<R> {
             device_read_depth: attr.max_qp_rd_atom.min(attr.max_qp_init_rd_atom),
             device_max_qp_wr: attr.max_qp_wr,
             failed: None,
+            post_fault: None,
             tree_lookups: Cell::new(0),
             stats: PollGroupStats::default(),
             cfg,
@@ -394,6 +397,16 @@ impl<R> PollGroup<R> {
     /// Data buffers free.
     pub fn buffers_free(&self) -> u32 {
         self.bufs.available()
+    }
+
+    /// Fault injection for tests: the next send post on `qp_num` hands only its first
+    /// `after_wrs` WRs to the QP and refuses the rest, as a provider refusing a list would.
+    pub fn fail_next_post(&mut self, qp_num: u32, after_wrs: usize) -> Result<()> {
+        let qref = self
+            .lookup(qp_num)
+            .ok_or_else(|| TransportError::InvalidArgument(format!("no qpair {qp_num:#x}")))?;
+        self.post_fault = Some((qref.index, after_wrs));
+        Ok(())
     }
 
     /// One RB-tree lookup (counted in stats).

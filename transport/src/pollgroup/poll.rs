@@ -371,11 +371,26 @@ impl<R: Default> PollGroup<R> {
                 }
                 self.stats.send_post_calls += 1;
                 self.stats.send_wrs_posted += at as u64;
-                match self.qpairs[qref.index as usize].qp.as_mut() {
+                let fault = match self.post_fault {
+                    Some((i, after)) if i == qref.index => {
+                        self.post_fault = None;
+                        Some(after.min(at))
+                    }
+                    _ => None,
+                };
+                let to_post = fault.unwrap_or(at);
+                let posted = match self.qpairs[qref.index as usize].qp.as_mut() {
                     Some(qp) => qp
-                        .post_send(&wrs[..at])
+                        .post_send(&wrs[..to_post])
                         .map_err(|e| (e.failed_index, e.error)),
                     None => Err((0, TransportError::InvalidArgument("no QP".into()))),
+                };
+                match (posted, fault) {
+                    (Ok(()), Some(after)) if after < at => Err((
+                        after,
+                        TransportError::InvalidArgument("injected post failure".into()),
+                    )),
+                    (other, _) => other,
                 }
             };
             if let Err((failed_index, error)) = result {

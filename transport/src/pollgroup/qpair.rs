@@ -130,9 +130,15 @@ impl QpairState {
         }
     }
 
-    /// Whether a chain of `wrs` WRs with `reads` RDMA READs can go on the send queue now.
+    /// Whether a chain of `wrs` WRs with `reads` RDMA READs can go on the send queue now
+    /// (`post_chain` refuses chains longer than the whole send queue). A
+    /// chain with more READs than the read depth goes alone (no other READ in flight): the
+    /// device itself never issues more than the QP's max_rd_atomic at once, so such a chain is
+    /// only kept from piling onto others.
     pub(crate) fn has_room(&self, wrs: u32, reads: u32) -> bool {
-        self.sq_used + wrs <= self.sq_slots && self.reads_in_flight + reads <= self.read_depth
+        let sq = self.sq_used + wrs <= self.sq_slots;
+        let rd = self.reads_in_flight + reads <= self.read_depth || self.reads_in_flight == 0;
+        sq && rd
     }
 
     pub(crate) fn reserve(&mut self, wrs: u32, reads: u32) {
