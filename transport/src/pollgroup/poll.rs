@@ -438,3 +438,139 @@ impl<R: Default> PollGroup<R> {
         }
     }
 }
+
+#[cfg(all(test, feature = "soft"))]
+mod tests {
+    use super::*;
+    use crate::device::{Context, DeviceSpec};
+    use crate::pollgroup::chain::ChainWr;
+    use crate::pollgroup::lifecycle::QpairEvent;
+    use crate::pollgroup::request::ReqId;
+    use crate::pollgroup::{PollGroupConfig, SlotState};
+    use crate::types::{SoftConfig, SoftFabric, WcOpcode};
+
+    #[derive(Default)]
+    struct Record {
+        chains: Vec<ReqId>,
+    }
+
+    impl Handler<()> for Record {
+        fn capsule(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn chain_done(&mut self, _: &mut PollGroup<()>, req: ReqId, _: WrKind, _: WcStatus) {
+            self.chains.push(req);
+        }
+        fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
+        fn aborted(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+    }
+
+    fn group(name: &str) -> (PollGroup<()>, u32) {
+        let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+            name: format!("pg-unit-{name}-{}", std::process::id()),
+            fabric: SoftFabric::InProcess,
+            ..SoftConfig::default()
+        }))
+        .unwrap();
+        let cfg = PollGroupConfig {
+            srq_depth: 8,
+            max_qpairs: 2,
+            max_queue_depth: 4,
+            max_requests: 2,
+            data_buffers: 2,
+            io_unit_size: 4096,
+            in_capsule_data_size: 0,
+            ..PollGroupConfig::default()
+        };
+        let mut pg = PollGroup::<()>::new(&ctx, cfg).unwrap();
+        let qp = pg.create_qp().unwrap();
+        let qpn = pg.add_qp(qp, 4, 4, 0).unwrap();
+        (pg, qpn)
+    }
+
+    /// A request with a one-SEND chain marked posted (as the end-of-poll post would).
+    fn posted_request(pg: &mut PollGroup<()>, qpn: u32) -> ReqId {
+        let qref = pg.lookup(qpn).unwrap();
+        let req = pg.new_request(qref, u32::MAX).unwrap();
+        let chain = [ChainWr {
+            op: SendOp::Send,
+            sges: &[],
+            inline: false,
+        }];
+        let r = pg.request_mut(req).unwrap();
+        r.chain.set(&chain, 0).unwrap();
+        pg.chain_posted(req.index);
+        pg.qpairs[qref.index as usize].reserve(1, 0);
+        req
+    }
+
+    fn send_wc(req: ReqId, generation: u32, qpn: u32) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: wrid::encode(WrKind::Send, 0, generation, req.index),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            qp_num: qpn,
+            ..WorkCompletion::default()
+        }
+    }
+
+    #[test]
+    fn a_stale_generation_is_counted_and_never_applied() {
+        let (mut pg, qpn) = group("stale");
+        let mut h = Record::default();
+        let old = posted_request(&mut pg, qpn);
+        // The request finishes (its SEND completion is reaped) and its index is reused.
+        pg.dispatch(&mut h, &send_wc(old, old.generation, qpn));
+        assert_eq!(h.chains, vec![old]);
+        pg.finish(old);
+        let new = posted_request(&mut pg, qpn);
+        assert_eq!(new.index, old.index, "the slab reuses the index");
+        assert_ne!(new.generation, old.generation);
+        // A completion naming the old generation (a duplicate, or one from a destroyed QP).
+        pg.dispatch(&mut h, &send_wc(old, old.generation, qpn));
+        assert_eq!(pg.stats().stale_completions, 1);
+        assert_eq!(h.chains, vec![old], "never applied to the new request");
+        assert_eq!(pg.request(new).unwrap().state(), RequestState::Posted);
+        // A send-side wr_id arriving with a receive opcode is refused by kind.
+        let mut wrong = send_wc(new, new.generation, qpn);
+        wrong.opcode = WcOpcode::Recv;
+        pg.dispatch(&mut h, &wrong);
+        assert_eq!(pg.stats().kind_mismatches, 1);
+        pg.dispatch(&mut h, &send_wc(new, new.generation, qpn));
+        assert_eq!(h.chains, vec![old, new]);
+    }
+
+    #[test]
+    fn a_slot_is_never_posted_twice() {
+        let (mut pg, _) = group("slots");
+        let mut h = Record::default();
+        assert_eq!(pg.slot_state(3), Some(SlotState::Posted));
+        let recv = WorkCompletion {
+            wr_id: wrid::recv(3),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            qp_num: 0xdead,
+            byte_len: 64,
+            ..WorkCompletion::default()
+        };
+        // An orphan: the slot is queued for re-posting once.
+        pg.dispatch(&mut h, &recv);
+        assert_eq!(pg.slot_state(3), Some(SlotState::QueuedForPost));
+        assert_eq!(pg.recv_accounting(), (7, 1, 0));
+        // The same completion again: the slot is not Posted, so it is an error, not a repost.
+        pg.dispatch(&mut h, &recv);
+        assert_eq!(pg.stats().recv_slot_errors, 1);
+        assert_eq!(pg.recv_accounting(), (7, 1, 0));
+        // A slot number the group never made.
+        pg.dispatch(
+            &mut h,
+            &WorkCompletion {
+                wr_id: wrid::recv(999),
+                ..recv
+            },
+        );
+        assert_eq!(pg.stats().recv_slot_errors, 2);
+        // Releasing a slot that is not held does nothing either.
+        assert!(!pg.recv.release(3));
+        assert_eq!(pg.recv.queued(), 1);
+    }
+}
