@@ -26,11 +26,11 @@ use crate::types::{
     AsyncEventKind, CmEventKind, ConnParam, QpCaps, QpState, SendFlags, SendOp, SendWr,
 };
 
-use super::PollGroup;
 use super::chain::MAX_WR_SGES;
 use super::qpair::{Drain, DrainReason, QpRef, QpairNode, QpairPhase, QpairState};
 use super::request::Handler;
 use super::wrid::{self, WrKind};
+use super::{PollGroup, RecvMode};
 
 /// `add_cm_qpair` failed; the id is handed back for a reject.
 #[derive(Debug, thiserror::Error)]
@@ -58,15 +58,30 @@ impl<R: Default> PollGroup<R> {
     fn qp_caps(&self) -> QpCaps {
         QpCaps {
             max_send_wr: self.cfg.max_send_wr().min(self.device_max_qp_wr),
-            max_recv_wr: 0,
+            max_recv_wr: self.recvs_per_qpair(),
             max_send_sge: MAX_WR_SGES as u32,
             max_recv_sge: 1,
             max_inline_data: 64,
         }
     }
 
+    fn recvs_per_qpair(&self) -> u32 {
+        match self.recv_mode {
+            RecvMode::Srq => 0,
+            RecvMode::PerQpair { recvs } => recvs,
+        }
+    }
+
     /// Whether a qpair of `depth` fits in this group now.
     pub fn check_room(&self, depth: u32) -> Result<()> {
+        let recvs = self.recvs_per_qpair();
+        if recvs > self.recv.free_count() {
+            return Err(TransportError::Limit {
+                what: "poll group receive slots for a qpair",
+                asked: recvs as u64,
+                max: self.recv.free_count() as u64,
+            });
+        }
         if let Some(why) = &self.failed {
             return Err(TransportError::InvalidArgument(format!(
                 "the poll group failed: {why}"
@@ -106,7 +121,7 @@ impl<R: Default> PollGroup<R> {
         let qp = self.pd.create_qp(&QpInitAttr {
             send_cq: &self.cq,
             recv_cq: &self.cq,
-            srq: Some(&self.srq),
+            srq: self.srq.as_ref(),
             caps,
             sq_sig_all: false,
         })?;
@@ -131,6 +146,11 @@ impl<R: Default> PollGroup<R> {
             qp, cm_id, generation, depth, read_depth, token,
         ));
         self.tree.insert(QpairNode::new(qp_num, index));
+        let recvs = self.recvs_per_qpair();
+        if recvs > 0 {
+            // check_room made sure the pool has them; posted at the end of the poll.
+            self.recv.assign(index, recvs);
+        }
         self.stats.qpairs_added += 1;
         QpRef { index, generation }
     }
@@ -191,7 +211,7 @@ impl<R: Default> PollGroup<R> {
             &QpInitAttr {
                 send_cq: &self.cq,
                 recv_cq: &self.cq,
-                srq: Some(&self.srq),
+                srq: self.srq.as_ref(),
                 caps,
                 sq_sig_all: false,
             },
@@ -387,9 +407,10 @@ impl<R: Default> PollGroup<R> {
         while let Some(slot) = q.waiting_capsules.pop_front(&mut self.recv.links) {
             self.recv.release(slot);
         }
-        // 4. Destroy the QP, then its CM id.
+        // 4. Destroy the QP, then its CM id; its own receive slots go back to the pool.
         drop(q.qp.take());
         drop(q.cm_id.take());
+        self.recv.unassign(qref.index);
         self.stats.qpairs_gone += 1;
         h.qpair_event(self, qp_num, q.token, QpairEvent::Gone { forced });
     }

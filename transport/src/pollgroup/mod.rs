@@ -20,6 +20,7 @@
 mod buffers;
 mod chain;
 mod fifo;
+mod host;
 mod lifecycle;
 mod placement;
 mod poll;
@@ -42,6 +43,7 @@ use crate::error::{Result, TransportError};
 use crate::types::{SrqInit, WorkCompletion};
 
 pub use chain::{ChainWr, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_WR_SGES, kind_of};
+pub use host::{QpairHandle, RecvMode, Role};
 pub use lifecycle::{AddQpairError, QpairEvent};
 pub use placement::{Placement, PlacementPolicy};
 pub use qpair::{DrainReason, QpairPhase};
@@ -186,9 +188,13 @@ pub struct PollGroup<R = ()> {
     draining: Vec<QpRef>,
     /// Completions to handle first in the next poll (reaped by `arm`'s re-check).
     carried: VecDeque<WorkCompletion>,
+    /// Host requests whose SEND and response are both in: reported at the end of the poll.
+    completed: Vec<ReqId>,
     recv: RecvSlots,
     bufs: DataBuffers,
-    srq: Srq,
+    srq: Option<Srq>,
+    role: Role,
+    recv_mode: RecvMode,
     cq: Cq,
     channel: CompChannel,
     pd: Pd,
@@ -225,6 +231,23 @@ impl<R> PollGroup<R> {
 
     /// A poll group on `ctx` using `pd` (shared with whoever else registers memory for it).
     pub fn with_pd(ctx: &Context, pd: &Pd, cfg: PollGroupConfig) -> Result<PollGroup<R>> {
+        PollGroup::build(ctx, pd, cfg, Role::Target, RecvMode::Srq)
+    }
+
+    /// A host-side (initiator) poll group: requests are born by `submit`, received capsules
+    /// are responses (`Handler::response`), receives on an SRQ or each qpair's own queue.
+    pub fn new_host(ctx: &Context, cfg: PollGroupConfig, recv: RecvMode) -> Result<PollGroup<R>> {
+        let pd = ctx.alloc_pd()?;
+        PollGroup::build(ctx, &pd, cfg, Role::Host, recv)
+    }
+
+    fn build(
+        ctx: &Context,
+        pd: &Pd,
+        cfg: PollGroupConfig,
+        role: Role,
+        recv_mode: RecvMode,
+    ) -> Result<PollGroup<R>> {
         cfg.validate()?;
         let attr = ctx.query_device()?;
         let cq_depth = cfg.cq_depth();
@@ -237,12 +260,22 @@ impl<R> PollGroup<R> {
         }
         let channel = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(cq_depth, Some(&channel))?;
-        let srq = pd.create_srq(&SrqInit {
-            max_wr: cfg.srq_depth,
-            max_sge: 1,
-            limit: 0,
-        })?;
-        let recv = RecvSlots::new(pd, cfg.srq_depth, CAPSULE_HEADER + cfg.in_capsule_data_size)?;
+        let per_qpair = matches!(recv_mode, RecvMode::PerQpair { .. });
+        let srq = if per_qpair {
+            None
+        } else {
+            Some(pd.create_srq(&SrqInit {
+                max_wr: cfg.srq_depth,
+                max_sge: 1,
+                limit: 0,
+            })?)
+        };
+        let recv = RecvSlots::new(
+            pd,
+            cfg.srq_depth,
+            CAPSULE_HEADER + cfg.in_capsule_data_size,
+            per_qpair,
+        )?;
         let bufs = DataBuffers::new(pd, cfg.data_buffers, cfg.io_unit_size)?;
         let nreq = cfg.max_requests as usize;
         let nq = cfg.max_qpairs as usize;
@@ -258,9 +291,12 @@ impl<R> PollGroup<R> {
             dirty: Vec::with_capacity(nq),
             draining: Vec::with_capacity(nq),
             carried: VecDeque::with_capacity(1),
+            completed: Vec::with_capacity(nreq),
             recv,
             bufs,
             srq,
+            role,
+            recv_mode,
             cq,
             channel,
             pd: pd.clone(),
@@ -276,7 +312,10 @@ impl<R> PollGroup<R> {
             cfg,
         };
         // Fill the SRQ before any qpair can exist.
-        let calls = pg.recv.flush(&pg.srq).map_err(|e| e.error)?;
+        let calls = match &pg.srq {
+            Some(srq) => pg.recv.flush(srq).map_err(|e| e.error)?,
+            None => 0,
+        };
         pg.stats.recvs_posted += pg.recv.posted() as u64;
         pg.stats.recv_post_calls += calls as u64;
         Ok(pg)
@@ -294,8 +333,14 @@ impl<R> PollGroup<R> {
     pub fn cq(&self) -> &Cq {
         &self.cq
     }
-    pub fn srq(&self) -> &Srq {
-        &self.srq
+    /// The group's SRQ (None with per-qpair receive queues).
+    pub fn srq(&self) -> Option<&Srq> {
+        self.srq.as_ref()
+    }
+
+    /// Target or host side.
+    pub fn role(&self) -> Role {
+        self.role
     }
 
     /// Before sleeping: arm the CQ and say which fds wake this group (the completion channel,
@@ -311,6 +356,7 @@ impl<R> PollGroup<R> {
         if self.recv.queued() > 0
             || !self.dirty.is_empty()
             || !self.carried.is_empty()
+            || !self.completed.is_empty()
             || !self.draining.is_empty()
             || !self.waiting.is_empty()
             || self.buffer_waiter_ready()
@@ -376,12 +422,14 @@ impl<R> PollGroup<R> {
     }
 
     /// Receive slots in each state by the group's own count: (posted on the SRQ, queued for
-    /// re-posting, held by capsules). They always add up to `srq_depth`. Leak checks should
+    /// re-posting, held by capsules). With the free per-qpair pool they add up to
+    /// `srq_depth`. Leak checks should
     /// compare `posted` with the SRQ's real occupancy (the soft SRQ's `posted()`).
     pub fn recv_accounting(&self) -> (u32, u32, u32) {
         let posted = self.recv.posted();
         let queued = self.recv.queued();
-        (posted, queued, self.recv.count() - posted - queued)
+        let free = self.recv.free_count();
+        (posted, queued, self.recv.count() - posted - queued - free)
     }
 
     /// The state of receive slot `slot`.

@@ -74,16 +74,11 @@ impl<R: Default> PollGroup<R> {
         if !self.dirty.is_empty() {
             self.flush_sends(h);
         }
+        if !self.completed.is_empty() {
+            self.report_completed(h);
+        }
         if self.recv.queued() > 0 {
-            let calls = match self.recv.flush(&self.srq) {
-                Ok(c) => c,
-                Err(e) => {
-                    // The SRQ refused: keep the slots queued and try again next poll.
-                    tracing::warn!(error = %e, "re-posting receive slots failed");
-                    1
-                }
-            };
-            self.stats.recv_post_calls += calls as u64;
+            self.flush_recvs();
         }
         if !self.draining.is_empty() {
             self.progress_drains(h);
@@ -117,7 +112,43 @@ impl<R: Default> PollGroup<R> {
         }
     }
 
+    /// Re-posts queued receive slots: to the SRQ, or to each owning qpair's QP.
+    fn flush_recvs(&mut self) {
+        let calls = match &self.srq {
+            Some(srq) => match self.recv.flush(srq) {
+                Ok(c) => c,
+                Err(e) => {
+                    // The SRQ refused: keep the slots queued and try again next poll.
+                    tracing::warn!(error = %e, "re-posting receive slots failed");
+                    1
+                }
+            },
+            None => {
+                let qpairs = &mut self.qpairs;
+                self.recv.flush_per_qpair(|owner, wrs| {
+                    // A draining QP would flush them straight back: they wait for its end.
+                    let q = qpairs
+                        .get_mut(owner as usize)
+                        .filter(|q| q.phase != QpairPhase::Draining);
+                    match q.and_then(|q| q.qp.as_mut()) {
+                        Some(qp) => qp.post_recv(wrs),
+                        None => Err(crate::error::PostError {
+                            failed_index: 0,
+                            error: TransportError::InvalidArgument("no QP".into()),
+                        }),
+                    }
+                })
+            }
+        };
+        self.stats.recv_post_calls += calls as u64;
+    }
+
     fn on_recv<H: Handler<R>>(&mut self, h: &mut H, wc: &WorkCompletion, slot: u32) {
+        if self.recv.state(slot) == Some(super::SlotState::Free) {
+            // Per-qpair mode: its qpair went and the slot went back to the pool.
+            self.stats.orphans += 1;
+            return;
+        }
         if !self.recv.completed(slot, wc.byte_len) {
             self.stats.recv_slot_errors += 1;
             tracing::error!(
@@ -142,6 +173,12 @@ impl<R: Default> PollGroup<R> {
             QpairPhase::Draining => {
                 self.stats.discarded += 1;
                 self.recv.release(slot);
+            }
+            QpairPhase::Connecting | QpairPhase::Active if self.role == super::Role::Host => {
+                q.phase = QpairPhase::Active;
+                let qp_num = q.qp_num;
+                self.stats.capsules += 1;
+                self.on_response(h, qp_num, slot);
             }
             QpairPhase::Connecting | QpairPhase::Active => {
                 // A capsule may beat our ESTABLISHED event: the host is connected.

@@ -71,6 +71,8 @@ pub struct Request<R> {
     depth_released: bool,
     /// The chain in storage answers the command.
     answers: bool,
+    /// Host side: born by `submit`; over when its SEND and its response are both in.
+    pub(crate) host: Option<HostProgress>,
     pub(crate) chain: Chain,
     pub user: R,
 }
@@ -99,6 +101,14 @@ impl<R> Request<R> {
     }
 }
 
+/// A host request's two halves.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HostProgress {
+    pub send_done: bool,
+    pub response: bool,
+    pub reported: bool,
+}
+
 /// What `alloc_buffers` did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BufferGrant {
@@ -122,6 +132,21 @@ pub trait Handler<R> {
     fn aborted(&mut self, pg: &mut PollGroup<R>, req: ReqId);
     /// The buffers `req` waited for are its own now.
     fn buffers_ready(&mut self, pg: &mut PollGroup<R>, req: ReqId);
+    /// Host side: a capsule (a response: the 16-byte CQE first) arrived on `qp_num`. The
+    /// initiator matches its CID and calls `pg.response_received(req)`; the bytes are valid
+    /// during this call only.
+    fn response(&mut self, _pg: &mut PollGroup<R>, qp_num: u32, capsule: &[u8]) {
+        tracing::warn!(
+            qp_num,
+            len = capsule.len(),
+            "response capsule with no handler"
+        );
+    }
+    /// Host side: `req`'s command SEND completed and its response arrived (in either order),
+    /// or its SEND failed (`status`). The request is the initiator's to `finish`.
+    fn request_complete(&mut self, pg: &mut PollGroup<R>, req: ReqId, _status: WcStatus) {
+        pg.finish(req);
+    }
     /// The group's CQ failed: every qpair is being torn down and the group takes no more
     /// work. Its requests are reported to `aborted` as their qpairs go.
     fn group_failed(&mut self, _pg: &mut PollGroup<R>, error: &str) {
@@ -370,6 +395,7 @@ impl<R> PollGroup<R> {
             finishing: false,
             depth_released: false,
             answers: false,
+            host: None,
             chain: Chain::new(),
             user: R::default(),
         });
@@ -408,6 +434,16 @@ impl<R> PollGroup<R> {
             index,
             generation: self.req_generation[index as usize],
         };
+        if let Some(p) = r.host.as_mut() {
+            if last == WrKind::Send {
+                p.send_done = true;
+                if status != WcStatus::Success || p.response {
+                    p.reported = true;
+                    h.request_complete(self, req, status);
+                }
+                return;
+            }
+        }
         h.chain_done(self, req, last, status);
     }
 

@@ -231,7 +231,7 @@ pub fn cq_error_fails_the_group(flavor: Flavor) {
         .create_qp(&QpInitAttr {
             send_cq: rig.pg.cq(),
             recv_cq: rig.pg.cq(),
-            srq: Some(rig.pg.srq()),
+            srq: rig.pg.srq(),
             caps: QpCaps {
                 max_send_wr: 512,
                 max_recv_wr: 0,

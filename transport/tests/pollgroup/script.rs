@@ -275,7 +275,7 @@ impl ScriptRig {
                     .create_qp(&QpInitAttr {
                         send_cq: pg.cq(),
                         recv_cq: pg.cq(),
-                        srq: Some(pg.srq()),
+                        srq: pg.srq(),
                         caps: QpCaps {
                             max_send_wr: wr,
                             max_recv_wr: 0,
@@ -405,7 +405,7 @@ impl ScriptRig {
 
     /// Receives the SRQ really holds (the soft SRQ's own count), not the group's opinion.
     pub fn srq_occupancy(&self) -> Option<usize> {
-        match self.pg.srq() {
+        match self.pg.srq()? {
             Srq::Soft(s) => Some(s.posted()),
             #[allow(unreachable_patterns)]
             _ => None,
