@@ -11,6 +11,7 @@ mod fixture;
 mod harness;
 mod host;
 mod script;
+mod stress;
 
 use fixture::{Flavor, Fx};
 use harness::*;
@@ -303,6 +304,15 @@ macro_rules! pollgroup_suite {
             #[test]
             fn host_group_completes_on_send_and_response() {
                 crate::host::host_group_round_trips(F)
+            }
+            #[test]
+            fn stress_64_qpairs_with_faults() {
+                crate::stress::stress(F, 3)
+            }
+            #[test]
+            #[ignore = "long stress run: NVMF_STRESS_SECS (default 60) per fabric"]
+            fn stress_64_qpairs_with_faults_long() {
+                crate::stress::stress(F, crate::stress::long_secs())
             }
             #[test]
             fn last_wqe_for_healthy_qpair_ignored() {

@@ -230,6 +230,8 @@ impl Handler<()> for Scripted {
 
 pub struct ScriptRig {
     pub fx: Fx,
+    pub pd: Pd,
+    pub shape: QpairShape,
     pub pg: PollGroup<()>,
     pub h: Scripted,
     pub cq: Cq,
@@ -303,11 +305,25 @@ impl ScriptRig {
             next_ring: vec![0; n],
             h: Scripted::default(),
             fx,
+            pd,
+            shape,
             pg,
             cq,
             mr,
             data,
         }
+    }
+
+    /// Host `i` gets a new QP connected to a new qpair of the group (its old one failed).
+    pub fn replace(&mut self, i: usize) {
+        let mut hq = self.fx.qp(&self.pd, &self.cq, &self.cq, None);
+        let mut tq = self.pg.create_qp().expect("pg qp");
+        self.fx.connect(&mut hq, &mut tq, self.shape.rnr_retry);
+        self.pg_qpn[i] = self
+            .pg
+            .add_qp(tq, self.shape.depth, self.shape.read_depth, i as u64)
+            .expect("add qp");
+        self.qps[i] = hq;
     }
 
     /// Host `i` sends `cmd`; with `recv`, it first posts a receive for the answer.
