@@ -8,6 +8,8 @@
 //!   events for them; the group failing as a whole when its CQ does.
 //! - `request.rs`: request objects (a slab sized at start) and what the layer above calls.
 //! - `chain.rs`: a request's chain of WRs, stored in the request, and its exact accounting.
+//! - `host.rs`: the host (initiator) personality: per-qpair receive queues, requests born by
+//!   `submit`, completion when both the SEND completion and the response are in.
 //! - `qpair.rs`, `recv.rs`, `buffers.rs`, `fifo.rs`, `wrid.rs`: the pieces.
 //!
 //! Send-queue accounting is exact (see `wrid`): every WR is retired once, in every order of
