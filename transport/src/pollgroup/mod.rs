@@ -177,6 +177,9 @@ pub struct PollGroup<R = ()> {
     qpair_generation: Box<[u32]>,
     reqs: Slab<request::Request<R>>,
     req_generation: Box<[u32]>,
+    /// Each request's chain storage, by request index: allocated once at start and never
+    /// re-initialised (a request object stays small; `Chain::set` writes what it uses).
+    chains: Box<[chain::Chain]>,
     /// One link per request: it is in at most one FIFO at a time (buffer wait, or its
     /// qpair's to-post list), as its state says.
     req_links: Box<[Link]>,
@@ -287,6 +290,7 @@ impl<R> PollGroup<R> {
             qpair_generation: vec![0; nq].into_boxed_slice(),
             reqs: Slab::with_capacity(nreq),
             req_generation: vec![0; nreq].into_boxed_slice(),
+            chains: (0..nreq).map(|_| chain::Chain::new()).collect(),
             req_links: vec![Link::default(); nreq].into_boxed_slice(),
             buf_wait: Fifo::default(),
             waiting: VecDeque::with_capacity(nq),

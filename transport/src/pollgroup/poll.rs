@@ -257,20 +257,18 @@ impl<R: Default> PollGroup<R> {
         let index = id.index;
         let live = self.req_generation.get(index as usize) == Some(&id.generation)
             && self.reqs.get(index as usize).is_some_and(|r| {
-                !r.aborted()
-                    && r.state == RequestState::Posted
-                    && r.qp_num() == wc.qp_num
-                    && r.chain.kind_at(id.position) == Some(id.kind)
-            });
+                !r.aborted() && r.state == RequestState::Posted && r.qp_num() == wc.qp_num
+            })
+            && self.chains[index as usize].kind_at(id.position) == Some(id.kind);
         if !live {
             self.stats.stale_completions += 1;
             tracing::debug!(?id, qp_num = wc.qp_num, status = ?wc.status, "stale send-side completion dropped");
             return;
         }
-        let r = &mut self.reqs[index as usize];
-        let retired = r.chain.retire_through(id.position, wc.status);
-        let over = r.chain.is_over();
-        let qref = r.qpair;
+        let chain = &mut self.chains[index as usize];
+        let retired = chain.retire_through(id.position, wc.status);
+        let over = chain.is_over();
+        let qref = self.reqs[index as usize].qpair;
         self.retired_on(qref, retired);
         if wc.status != WcStatus::Success {
             if wc.status != WcStatus::WrFlushErr {
@@ -314,8 +312,7 @@ impl<R: Default> PollGroup<R> {
             .map(|(i, _)| i as u32)
             .collect();
         for index in posted {
-            let r = &mut self.reqs[index as usize];
-            let retired = r.chain.retire_all();
+            let retired = self.chains[index as usize].retire_all();
             self.retired_on(qref, retired);
             self.chain_over(h, index);
         }
@@ -350,9 +347,8 @@ impl<R: Default> PollGroup<R> {
             let Some(index) = q.to_post.pop_front(&mut self.req_links) else {
                 return;
             };
-            let r = &mut self.reqs[index as usize];
-            r.state = RequestState::Posted;
-            r.chain.refused_from(0, WcStatus::WrFlushErr);
+            self.reqs[index as usize].state = RequestState::Posted;
+            self.chains[index as usize].refused_from(0, WcStatus::WrFlushErr);
             self.chain_over(h, index);
         }
     }
@@ -367,7 +363,7 @@ impl<R: Default> PollGroup<R> {
                     return;
                 };
                 while let Some(index) = q.to_post.front() {
-                    let chain = &self.reqs[index as usize].chain;
+                    let chain = &self.chains[index as usize];
                     let (n, reads) = (chain.len(), chain.reads());
                     if !q.has_room(n, reads) {
                         self.stats.post_stalls += 1;
@@ -400,7 +396,7 @@ impl<R: Default> PollGroup<R> {
                 let mut at = 0;
                 for &index in &batch[..count] {
                     let generation = self.req_generation[index as usize];
-                    at += self.reqs[index as usize].chain.work_requests(
+                    at += self.chains[index as usize].work_requests(
                         generation,
                         index,
                         &mut wrs[at..],
@@ -454,7 +450,7 @@ impl<R: Default> PollGroup<R> {
         let mut over = [0u32; POST_WRS];
         let mut n_over = 0;
         for &index in batch {
-            let chain = &mut self.reqs[index as usize].chain;
+            let chain = &mut self.chains[index as usize];
             let len = chain.len() as usize;
             if failed_index < at + len {
                 let position = failed_index.saturating_sub(at) as u8;
@@ -533,8 +529,7 @@ mod tests {
             sges: &[],
             inline: false,
         }];
-        let r = pg.request_mut(req).unwrap();
-        r.chain.set(&chain, 0).unwrap();
+        pg.chains[req.index as usize].set(&chain, 0).unwrap();
         pg.chain_posted(req.index);
         pg.qpairs[qref.index as usize].reserve(1, 0);
         req

@@ -16,7 +16,7 @@ use crate::error::{Result, TransportError};
 use crate::types::{Sge, WcStatus};
 
 use super::PollGroup;
-use super::chain::{Chain, ChainWr, MAX_CHAIN_SGES};
+use super::chain::{ChainWr, MAX_CHAIN_SGES};
 use super::lifecycle::QpairEvent;
 use super::qpair::{QpRef, QpairPhase, live_mut};
 use super::wrid::{self, WrKind};
@@ -73,7 +73,6 @@ pub struct Request<R> {
     answers: bool,
     /// Host side: born by `submit`; over when its SEND and its response are both in.
     pub(crate) host: Option<HostProgress>,
-    pub(crate) chain: Chain,
     pub user: R,
 }
 
@@ -313,7 +312,8 @@ impl<R> PollGroup<R> {
                 "{req:?} was already answered"
             )));
         }
-        r.chain.set(chain, max_inline)?;
+        self.chains[req.index as usize].set(chain, max_inline)?;
+        let r = self.live(req)?;
         r.answers = answers;
         r.state = RequestState::WaitingToPost;
         let qref = r.qpair;
@@ -396,7 +396,6 @@ impl<R> PollGroup<R> {
             depth_released: false,
             answers: false,
             host: None,
-            chain: Chain::new(),
             user: R::default(),
         });
         let g = &mut self.req_generation[index as usize];
@@ -411,7 +410,7 @@ impl<R> PollGroup<R> {
     pub(crate) fn chain_posted(&mut self, index: u32) {
         let r = &mut self.reqs[index as usize];
         r.state = RequestState::Posted;
-        r.chain.all_posted();
+        self.chains[index as usize].all_posted();
         if r.answers && !r.depth_released {
             r.depth_released = true;
             let qref = r.qpair;
@@ -429,7 +428,8 @@ impl<R> PollGroup<R> {
             self.free(index);
             return;
         }
-        let (last, status) = (r.chain.last_kind(), r.chain.status());
+        let chain = &self.chains[index as usize];
+        let (last, status) = (chain.last_kind(), chain.status());
         let req = ReqId {
             index,
             generation: self.req_generation[index as usize],
