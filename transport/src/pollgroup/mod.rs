@@ -219,8 +219,9 @@ pub struct PollGroup<R = ()> {
 
 impl<R> Drop for PollGroup<R> {
     fn drop(&mut self) {
-        // QPs (and their CM ids) before anything they use.
-        self.tree.fast_clear();
+        // QPs (and their CM ids) before anything they use. (The tree's nodes hold only
+        // indices; they go with the tree.)
+        self.tree.clear();
         for q in self.qpairs.drain() {
             drop(q);
         }
