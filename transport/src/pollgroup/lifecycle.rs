@@ -336,7 +336,9 @@ impl<R: Default> PollGroup<R> {
         let now = Instant::now();
         let grace = self.cfg.drain_grace;
         let timeout = self.cfg.drain_timeout;
-        let raises = self.raises_last_wqe;
+        // LAST_WQE_REACHED is raised for SRQ-attached QPs only: with per-qpair receive queues
+        // the grace after the marker stands for it (late receives are orphans either way).
+        let raises = self.raises_last_wqe && self.srq.is_some();
         let mut i = 0;
         while i < self.draining.len() {
             let qref = self.draining[i];
