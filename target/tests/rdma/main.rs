@@ -383,7 +383,7 @@ fn bad_connect_rejected(fabric: SoftFabric) {
 
 /// A host-side poll group (the initiator's) connects through the CM and completes commands.
 fn host_group_connects_and_completes(fabric: SoftFabric) {
-    let mut rig = Rig::new(fabric, 1, PlacementPolicy::RoundRobin);
+    let rig = Rig::new(fabric, 1, PlacementPolicy::RoundRobin);
     host_group::run(rig.addr, 20);
     rig.stop();
 }
