@@ -365,7 +365,7 @@ impl<R> PollGroup<R> {
             || !self.carried.is_empty()
             || !self.completed.is_empty()
             || !self.draining.is_empty()
-            || !self.waiting.is_empty()
+            || (!self.waiting.is_empty() && self.reqs.len() < self.cfg.max_requests as usize)
             || self.buffer_waiter_ready()
         {
             return Ok(None);
