@@ -571,6 +571,101 @@ mod tests {
         assert_eq!(h.chains, vec![old, new]);
     }
 
+    /// A host initiator: matches every response to the one command in flight.
+    #[derive(Default)]
+    struct Host {
+        in_flight: Option<ReqId>,
+        complete: Vec<ReqId>,
+    }
+
+    impl Handler<()> for Host {
+        fn capsule(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn chain_done(&mut self, _: &mut PollGroup<()>, _: ReqId, _: WrKind, _: WcStatus) {
+            panic!("host SENDs complete through request_complete");
+        }
+        fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
+        fn aborted(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn response(&mut self, pg: &mut PollGroup<()>, _: u32, _: &[u8]) {
+            pg.response_received(self.in_flight.unwrap()).unwrap();
+        }
+        fn request_complete(&mut self, pg: &mut PollGroup<()>, req: ReqId, s: WcStatus) {
+            assert_eq!(s, WcStatus::Success);
+            self.complete.push(req);
+            pg.finish(req);
+        }
+    }
+
+    /// A host request completes only with both its SEND completion and its response, in
+    /// either order.
+    #[test]
+    fn a_host_request_needs_its_send_and_its_response_in_either_order() {
+        let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+            name: format!("pg-unit-host-{}", std::process::id()),
+            fabric: SoftFabric::InProcess,
+            ..SoftConfig::default()
+        }))
+        .unwrap();
+        let cfg = PollGroupConfig {
+            srq_depth: 8,
+            max_qpairs: 2,
+            max_queue_depth: 4,
+            max_requests: 2,
+            data_buffers: 2,
+            io_unit_size: 4096,
+            in_capsule_data_size: 0,
+            ..PollGroupConfig::default()
+        };
+        let mut pg = PollGroup::<()>::new_host(&ctx, cfg, crate::pollgroup::RecvMode::Srq).unwrap();
+        let qp = pg.create_qp().unwrap();
+        let qpn = pg.add_qp(qp, 4, 1, 0).unwrap();
+        let handle = pg.qpair_handle(qpn).unwrap();
+        let mut h = Host::default();
+        for (slot, response_first) in [(0u32, true), (1, false)] {
+            let req = pg.submit(handle).unwrap();
+            pg.chains[req.index as usize]
+                .set(
+                    &[ChainWr {
+                        op: SendOp::Send,
+                        sges: &[],
+                        inline: false,
+                    }],
+                    0,
+                )
+                .unwrap();
+            pg.chain_posted(req.index);
+            pg.qpairs[handle.0.index as usize].reserve(1, 0);
+            h.in_flight = Some(req);
+            let response = WorkCompletion {
+                wr_id: wrid::recv(slot),
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                qp_num: qpn,
+                byte_len: 16,
+                ..WorkCompletion::default()
+            };
+            let send = send_wc(req, req.generation, qpn);
+            let (first, second) = if response_first {
+                (response, send)
+            } else {
+                (send, response)
+            };
+            pg.dispatch(&mut h, &first);
+            if !pg.completed.is_empty() {
+                pg.report_completed(&mut h);
+            }
+            assert!(
+                h.complete.is_empty(),
+                "complete after one half ({response_first})"
+            );
+            pg.dispatch(&mut h, &second);
+            pg.report_completed(&mut h);
+            assert_eq!(h.complete, vec![req], "response first: {response_first}");
+            h.complete.clear();
+        }
+        assert_eq!(pg.requests_in_use(), 0);
+    }
+
     #[test]
     fn a_slot_is_never_posted_twice() {
         let (mut pg, _) = group("slots");
