@@ -5,10 +5,19 @@
 //!   completions hit different tree nodes;
 //! - echo: the same plus a 16-byte response SEND per capsule and its completion.
 //!
-//! with 1, 100 and 10,000 qpairs in the tree. Run: `cargo bench -p nvmf-transport --bench pollgroup`
-//! (`-- --quick` for a short run). Figures, not assertions.
+//! with 1, 100 and 10,000 qpairs in the tree; with RB-tree lookups per capsule in the echo
+//! case (the group's own count); and bytes allocated per qpair added (a counting global
+//! allocator) at 1, 64 and 1024 qpairs: the group's share, and with the provider's QP.
+//! Run: `cargo bench -p nvmf-transport --bench pollgroup` (`-- --quick` for a short run).
+//! Figures, not assertions.
 
+use std::alloc::System;
 use std::time::{Duration, Instant};
+
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 use nvmf_transport::pollgroup::*;
 use nvmf_transport::*;
@@ -24,11 +33,27 @@ impl Handler<()> for Sink {
             pg.finish(req);
             return;
         }
-        let _ = pg.alloc_buffers(req, 16);
+        if pg.alloc_buffers(req, 16).ok() == Some(BufferGrant::Ready) {
+            respond(pg, req);
+        }
+    }
+    fn chain_done(&mut self, pg: &mut PollGroup<()>, req: ReqId, _: WrKind, _: WcStatus) {
+        pg.finish(req);
+    }
+    fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
+    fn aborted(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
+        pg.finish(req);
+    }
+    fn buffers_ready(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
+        respond(pg, req);
+    }
+}
+
+fn respond(pg: &mut PollGroup<()>, req: ReqId) {
+    {
         let mut sges = [Sge::default(); MAX_WR_SGES];
         let n = pg.buffer_sges(req, 16, &mut sges);
         let wr = ChainWr {
-            kind: WrKind::Send,
             op: SendOp::Send,
             sges: &sges[..n],
             inline: true,
@@ -37,10 +62,6 @@ impl Handler<()> for Sink {
             pg.finish(req);
         }
     }
-    fn chain_done(&mut self, pg: &mut PollGroup<()>, req: ReqId, _: WrKind, _: WcStatus) {
-        pg.finish(req);
-    }
-    fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
 }
 
 struct Bench {
@@ -117,7 +138,7 @@ fn setup(n: usize, dev: u32) -> Bench {
             })
             .unwrap();
         }
-        pg_qpns.push(pg.add_qp(t, 128, 0).unwrap());
+        pg_qpns.push(pg.add_qp(t, 128, 16, 0).unwrap());
         hosts.push(h);
     }
     Bench {
@@ -160,8 +181,9 @@ fn lookup_ns(b: &Bench, rounds: usize) -> f64 {
     ns
 }
 
-/// Returns ns of pg.poll time per completion handled.
-fn poll_ns(b: &mut Bench, total: usize, respond: bool) -> f64 {
+/// Returns ns of pg.poll time per completion handled, and tree lookups per capsule.
+fn poll_ns(b: &mut Bench, total: usize, respond: bool) -> (f64, f64) {
+    let (lookups0, capsules0) = (b.pg.stats().tree_lookups, b.pg.stats().capsules);
     let mut h = Sink { respond };
     let order = shuffled(&(0..b.hosts.len() as u32).collect::<Vec<_>>());
     let sge = b.host_mr.sge(0, 64);
@@ -213,7 +235,43 @@ fn poll_ns(b: &mut Bench, total: usize, respond: bool) -> f64 {
         in_poll += t.elapsed();
         while b.host_cq.poll(&mut wc).unwrap() > 0 {}
     }
-    in_poll.as_nanos() as f64 / handled.max(1) as f64
+    let s = b.pg.stats();
+    let per_capsule = (s.tree_lookups - lookups0) as f64 / (s.capsules - capsules0).max(1) as f64;
+    (
+        in_poll.as_nanos() as f64 / handled.max(1) as f64,
+        per_capsule,
+    )
+}
+
+fn net_bytes(r: &Region<'_, System>) -> i64 {
+    let c = r.change();
+    c.bytes_allocated as i64 - c.bytes_deallocated as i64 + c.bytes_reallocated as i64
+}
+
+/// Bytes allocated per qpair added to a group sized for `n`: (the group's share, with the
+/// provider's QP made by `create_qp`).
+fn bytes_per_qpair(n: usize, dev: u32) -> (f64, f64) {
+    let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+        name: format!("benchmem{dev}"),
+        fabric: SoftFabric::InProcess,
+        ..SoftConfig::default()
+    }))
+    .expect("soft device");
+    let cfg = PollGroupConfig {
+        max_qpairs: n as u32 + 1,
+        ..PollGroupConfig::default()
+    };
+    let mut pg = PollGroup::<()>::new(&ctx, cfg).expect("poll group");
+    let mut group = 0i64;
+    let all = Region::new(GLOBAL);
+    for _ in 0..n {
+        let qp = pg.create_qp().unwrap();
+        let r = Region::new(GLOBAL);
+        pg.add_qp(qp, 128, 16, 0).unwrap();
+        group += net_bytes(&r);
+    }
+    let total = net_bytes(&all);
+    (group as f64 / n as f64, total as f64 / n as f64)
 }
 
 fn main() {
@@ -224,16 +282,25 @@ fn main() {
         total
     );
     println!(
-        "{:>8} {:>12} {:>16} {:>18}",
-        "qpairs", "lookup ns", "poll ns/compl", "echo ns/compl"
+        "{:>8} {:>12} {:>16} {:>18} {:>20}",
+        "qpairs", "lookup ns", "poll ns/compl", "echo ns/compl", "lookups/capsule"
     );
     for (dev, n) in [1usize, 100, 10_000].into_iter().enumerate() {
         let mut b = setup(n, dev as u32);
         let lookup = lookup_ns(&b, 1_000_000);
         // Warm up, then measure.
         poll_ns(&mut b, 4096, false);
-        let poll = poll_ns(&mut b, total, false);
-        let echo = poll_ns(&mut b, total, true);
-        println!("{n:>8} {lookup:>12.1} {poll:>16.1} {echo:>18.1}");
+        let (poll, _) = poll_ns(&mut b, total, false);
+        let (echo, lookups) = poll_ns(&mut b, total, true);
+        println!("{n:>8} {lookup:>12.1} {poll:>16.1} {echo:>18.1} {lookups:>20.2}");
+    }
+    println!();
+    println!(
+        "{:>8} {:>22} {:>22}",
+        "qpairs", "group bytes/qpair", "with QP bytes/qpair"
+    );
+    for (dev, n) in [1usize, 64, 1024].into_iter().enumerate() {
+        let (group, with_qp) = bytes_per_qpair(n, dev as u32);
+        println!("{n:>8} {group:>22.0} {with_qp:>22.0}");
     }
 }

@@ -324,6 +324,7 @@ where
         let to = dev.groups[g].clone();
         let pid = to.poller;
         let depth = u32::from(grant.depth);
+        let read_depth = u32::from(grant.read_depth);
         let param = grant.accept_param();
         self.conns.insert(token, (d, g));
         tracing::info!(
@@ -338,7 +339,7 @@ where
         let sent = to
             .reactor
             .send(move |r| match r.poller_mut::<GroupPoller<R, H>>(pid) {
-                Some(gp) => gp.connect(id, token, depth, param),
+                Some(gp) => gp.connect(id, token, depth, read_depth, param),
                 // The group was removed (stopping): the id drops here, which rejects it.
                 None => tracing::debug!(token, "no poll group any more; connection dropped"),
             });

@@ -72,6 +72,13 @@ impl<R, H: Handler<R>> Handler<R> for Tracker<'_, H> {
     fn aborted(&mut self, pg: &mut PollGroup<R>, req: ReqId) {
         self.inner.aborted(pg, req);
     }
+    #[inline]
+    fn buffers_ready(&mut self, pg: &mut PollGroup<R>, req: ReqId) {
+        self.inner.buffers_ready(pg, req);
+    }
+    fn group_failed(&mut self, pg: &mut PollGroup<R>, error: &str) {
+        self.inner.group_failed(pg, error);
+    }
 }
 
 impl<R: Default, H: Handler<R>> GroupPoller<R, H> {
@@ -117,14 +124,23 @@ impl<R: Default, H: Handler<R>> GroupPoller<R, H> {
     }
 
     /// A new connection the acceptor placed here: its QP is created on this group's CQ and
-    /// SRQ, on this thread, then accepted. Any failure gives the placement slot back.
-    pub(crate) fn connect(&mut self, mut id: CmId, token: u64, depth: u32, param: ConnParam) {
+    /// SRQ, on this thread, then accepted. `read_depth` is the grant's (`Grant::read_depth`):
+    /// the RDMA READs this group may have in flight on the connection. Any failure gives the
+    /// placement slot back.
+    pub(crate) fn connect(
+        &mut self,
+        mut id: CmId,
+        token: u64,
+        depth: u32,
+        read_depth: u32,
+        param: ConnParam,
+    ) {
         if self.stopping {
             reject(&mut id, RejectStatus::NoResources);
             self.refused(token);
             return;
         }
-        let qp_num = match self.pg.add_cm_qpair(id, depth, token) {
+        let qp_num = match self.pg.add_cm_qpair(id, depth, read_depth, token) {
             Ok(q) => q,
             Err(AddQpairError { error, mut id }) => {
                 tracing::warn!(token, %error, "creating the qpair failed");
@@ -225,6 +241,7 @@ where
             Err(e) => {
                 if !self.poll_failed {
                     self.poll_failed = true;
+                    // The group failed itself (qpairs torn down, handler told); it polls as idle.
                     tracing::error!(error = %e, reactor = self.info.reactor, "polling the CQ failed");
                 }
                 PollStatus::Idle

@@ -107,24 +107,33 @@ impl Handler<()> for Echo {
             .push((self.info.reactor, qp_num, event));
     }
 
-    fn aborted(&mut self, _pg: &mut PollGroup<()>, _req: ReqId) {
+    fn aborted(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
         self.touch();
+        pg.finish(req);
+    }
+
+    fn buffers_ready(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
+        self.touch();
+        post_answer(pg, req);
     }
 }
 
 /// Answers `req` with a 16-byte SEND from a data buffer (or gives it up when none is free).
 pub fn answer(pg: &mut PollGroup<()>, req: ReqId) {
-    if pg.alloc_buffers(req, 16).is_err() {
-        pg.finish(req);
-        return;
+    match pg.alloc_buffers(req, 16) {
+        Ok(BufferGrant::Ready) => post_answer(pg, req),
+        Ok(BufferGrant::Waiting) => {}
+        Err(_) => pg.finish(req),
     }
+}
+
+fn post_answer(pg: &mut PollGroup<()>, req: ReqId) {
     pg.buffer_mut(req, 0)[..16].fill(0x5a);
     let mut sges = [Sge::default(); MAX_WR_SGES];
     let n = pg.buffer_sges(req, 16, &mut sges);
     let posted = pg.post_chain(
         req,
         &[ChainWr {
-            kind: WrKind::Send,
             op: SendOp::Send,
             sges: &sges[..n],
             inline: true,

@@ -6,6 +6,7 @@
 
 mod echo;
 mod host;
+mod host_group;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -380,6 +381,13 @@ fn bad_connect_rejected(fabric: SoftFabric) {
     rig.stop();
 }
 
+/// A host-side poll group (the initiator's) connects through the CM and completes commands.
+fn host_group_connects_and_completes(fabric: SoftFabric) {
+    let rig = Rig::new(fabric, 1, PlacementPolicy::RoundRobin);
+    host_group::run(rig.addr, 20);
+    rig.stop();
+}
+
 macro_rules! per_fabric {
     ($($name:ident),*) => {
         mod inprocess {
@@ -396,5 +404,6 @@ per_fabric!(
     placement_least_loaded,
     events_as_messages,
     disconnect_routed,
-    bad_connect_rejected
+    bad_connect_rejected,
+    host_group_connects_and_completes
 );

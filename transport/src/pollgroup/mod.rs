@@ -1,17 +1,28 @@
 //! The poll group: per reactor and device, one CQ, one SRQ, the receive slots and data buffers,
-//! request objects, and the qpairs in an intrusive RB-tree keyed by qp_num.
+//! request objects, and the qpairs (a slab, indexed by an intrusive RB-tree keyed by qp_num).
 //!
-//! - `poll.rs`: where every completion goes (RECV -> qpair by qp_num or orphan; SEND / READ /
-//!   WRITE -> their request; errors -> drain), and the end-of-poll posting of lists.
+//! - `poll.rs`: where every completion goes (RECV -> qpair by qp_num, the one tree lookup per
+//!   capsule; SEND / READ / WRITE -> their request and its qpair by slab index + generation;
+//!   errors -> drain), and the end-of-poll posting of lists.
 //! - `lifecycle.rs`: qpairs in and out: connecting -> active -> draining -> gone; async and CM
-//!   events for them.
+//!   events for them; the group failing as a whole when its CQ does.
 //! - `request.rs`: request objects (a slab sized at start) and what the layer above calls.
-//! - `qpair.rs`, `recv.rs`, `buffers.rs`, `wrid.rs`: the pieces.
+//! - `chain.rs`: a request's chain of WRs, stored in the request, and its exact accounting.
+//! - `host.rs`: the host (initiator) personality: per-qpair receive queues, requests born by
+//!   `submit`, completion when both the SEND completion and the response are in.
+//! - `qpair.rs`, `recv.rs`, `buffers.rs`, `fifo.rs`, `wrid.rs`: the pieces.
 //!
-//! A poll group is `!Sync` and is driven by its reactor only: events from the CM thread and
-//! the device's async fd reach it as calls the reactor makes on its own thread.
+//! Send-queue accounting is exact (see `wrid`): every WR is retired once, in every order of
+//! success, error and flush, so a drain ends by its own condition. Backpressure is per qpair:
+//! send-queue slots and RDMA READs in flight; a chain that does not fit waits in its qpair's
+//! FIFO and is posted when completions make room. A poll group is `!Sync` and is driven by its
+//! reactor only: events from the CM thread and the device's async fd reach it as calls the
+//! reactor makes on its own thread.
 
 mod buffers;
+mod chain;
+mod fifo;
+mod host;
 mod lifecycle;
 mod placement;
 mod poll;
@@ -21,32 +32,35 @@ mod request;
 mod stats;
 pub mod wrid;
 
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
 use std::time::Duration;
 
 use intrusive_collections::RBTree;
 use slab::Slab;
 
-use std::os::fd::RawFd;
-
 use crate::device::{CompChannel, Context, Cq, Pd, Srq};
 use crate::error::{Result, TransportError};
 use crate::types::{SrqInit, WorkCompletion};
 
+pub use chain::{ChainWr, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_WR_SGES, kind_of};
+pub use host::{QpairHandle, RecvMode, Role};
 pub use lifecycle::{AddQpairError, QpairEvent};
 pub use placement::{Placement, PlacementPolicy};
-pub use qpair::{DrainReason, MAX_WR_SGES, QpairPhase};
-pub use request::{ChainWr, Handler, ReqId, Request};
+pub use qpair::{DrainReason, QpairPhase};
+pub use recv::SlotState;
+pub use request::{BufferGrant, Handler, MAX_REQUEST_BUFFERS, ReqId, Request, RequestState};
 pub use stats::PollGroupStats;
 pub use wrid::WrKind;
 
 use buffers::DataBuffers;
-use qpair::QpairAdapter;
+use fifo::{Fifo, Link};
+use qpair::{QpRef, QpairAdapter, QpairState};
 use recv::RecvSlots;
 
 /// Most completions reaped per poll (the batch is a stack array of this size).
 pub const MAX_BATCH: usize = 64;
-/// Most work requests one request has in flight at once: RDMA READ, or RDMA WRITE + SEND.
-pub const MAX_CHAIN: u32 = 2;
 /// Capsule header size: the 64-byte SQE.
 pub const CAPSULE_HEADER: u32 = 64;
 
@@ -96,24 +110,35 @@ impl Default for PollGroupConfig {
 }
 
 impl PollGroupConfig {
-    /// Send queue depth per qpair: each outstanding command has at most one chain of
-    /// MAX_CHAIN WRs in flight, plus one drain marker.
+    /// Send queue asked for per qpair: every command of a full queue with a chain of the
+    /// longest kind, plus the drain marker. The device may grant less (capped by its
+    /// max_qp_wr): backpressure covers the rest, so a full send queue delays, never fails.
     pub fn max_send_wr(&self) -> u32 {
-        self.max_queue_depth * MAX_CHAIN + 1
+        self.max_queue_depth
+            .saturating_mul(MAX_CHAIN_WRS as u32)
+            .saturating_add(1)
     }
 
-    /// CQ entries needed so the CQ can never overrun. Every work request that can complete
-    /// here is counted once:
+    /// CQ entries needed so the CQ can never overrun. Every work request that can produce a
+    /// completion is counted once:
     ///
     /// ```text
-    ///   srq_depth                  every posted receive completes once (success or error)
-    /// + max_requests * MAX_CHAIN   each request's chain: one completion per WR at worst
-    ///                              (a signaled success covers its run; in error every WR
-    ///                              flushes on its own)
-    /// + max_qpairs                 one drain marker per qpair
+    ///   srq_depth                         every posted receive completes once
+    /// + min(max_requests * MAX_CHAIN_WRS, send-side WRs on the send queues at once: a
+    ///       max_qpairs * (max_send_wr - 1))  request has one chain posted at a time, and a
+    ///                                     qpair never more than its send queue (the marker
+    ///                                     has its own slot); in error each WR flushes on its
+    ///                                     own, so each may complete once
+    /// + max_qpairs                        one drain marker per qpair
     /// ```
     pub fn cq_depth(&self) -> u32 {
-        self.srq_depth + self.max_requests * MAX_CHAIN + self.max_qpairs
+        let by_requests = self.max_requests.saturating_mul(MAX_CHAIN_WRS as u32);
+        let by_queues = self
+            .max_qpairs
+            .saturating_mul(self.max_send_wr().saturating_sub(1));
+        self.srq_depth
+            .saturating_add(by_requests.min(by_queues))
+            .saturating_add(self.max_qpairs)
     }
 
     fn validate(&self) -> Result<()> {
@@ -145,29 +170,62 @@ impl PollGroupConfig {
 /// See the module documentation.
 pub struct PollGroup<R = ()> {
     cfg: PollGroupConfig,
-    ctx: Context,
-    pd: Pd,
-    channel: CompChannel,
-    cq: Cq,
-    srq: Srq,
-    raises_last_wqe: bool,
-    max_inline: u32,
-    recv: RecvSlots,
-    bufs: DataBuffers,
-    reqs: Slab<Request<R>>,
+    // Qpairs come first: fields drop in order, and `Drop` destroys every QP before the CQ,
+    // SRQ and memory regions below, so no MR is deregistered while a QP that uses it lives.
     tree: RBTree<QpairAdapter>,
-    /// Qpairs in the tree.
-    qpairs: usize,
-    /// Qpairs with capsules waiting for a request object, oldest first.
-    waiting: std::collections::VecDeque<u32>,
-    /// Qpairs with WRs queued this poll.
+    qpairs: Slab<QpairState>,
+    qpair_generation: Box<[u32]>,
+    reqs: Slab<request::Request<R>>,
+    req_generation: Box<[u32]>,
+    /// Each request's chain storage, by request index: allocated once at start and never
+    /// re-initialised (a request object stays small; `Chain::set` writes what it uses).
+    chains: Box<[chain::Chain]>,
+    /// One link per request: it is in at most one FIFO at a time (buffer wait, or its
+    /// qpair's to-post list), as its state says.
+    req_links: Box<[Link]>,
+    /// Requests waiting for data buffers, oldest first.
+    buf_wait: Fifo,
+    /// Qpairs with capsules waiting for a request object, oldest first (stale refs skipped).
+    waiting: VecDeque<QpRef>,
+    /// Qpairs (slab indices) with chains to post at the end of this poll.
     dirty: Vec<u32>,
     /// Qpairs draining.
-    draining: Vec<u32>,
-    /// Completions to handle first in the next poll: made up for WRs that never reached a QP
-    /// (a failed post, completed in error like a flush), or reaped by `arm`'s re-check.
-    carried: std::collections::VecDeque<WorkCompletion>,
+    draining: Vec<QpRef>,
+    /// Completions to handle first in the next poll (reaped by `arm`'s re-check).
+    carried: VecDeque<WorkCompletion>,
+    /// Host requests whose SEND and response are both in: reported at the end of the poll.
+    completed: Vec<ReqId>,
+    recv: RecvSlots,
+    bufs: DataBuffers,
+    srq: Option<Srq>,
+    role: Role,
+    recv_mode: RecvMode,
+    cq: Cq,
+    channel: CompChannel,
+    pd: Pd,
+    ctx: Context,
+    raises_last_wqe: bool,
+    max_inline: u32,
+    /// min(max_qp_rd_atom, max_qp_init_rd_atom): the most a qpair's read depth can be.
+    device_read_depth: u32,
+    device_max_qp_wr: u32,
+    /// The CQ failed: the group takes no more work.
+    failed: Option<String>,
+    /// Test fault: the next send post on (qpair index) hands over only this many WRs.
+    post_fault: Option<(u32, usize)>,
+    tree_lookups: Cell<u64>,
     stats: PollGroupStats,
+}
+
+impl<R> Drop for PollGroup<R> {
+    fn drop(&mut self) {
+        // QPs (and their CM ids) before anything they use. (The tree's nodes hold only
+        // indices; they go with the tree.)
+        self.tree.clear();
+        for q in self.qpairs.drain() {
+            drop(q);
+        }
+    }
 }
 
 impl<R> PollGroup<R> {
@@ -179,6 +237,23 @@ impl<R> PollGroup<R> {
 
     /// A poll group on `ctx` using `pd` (shared with whoever else registers memory for it).
     pub fn with_pd(ctx: &Context, pd: &Pd, cfg: PollGroupConfig) -> Result<PollGroup<R>> {
+        PollGroup::build(ctx, pd, cfg, Role::Target, RecvMode::Srq)
+    }
+
+    /// A host-side (initiator) poll group: requests are born by `submit`, received capsules
+    /// are responses (`Handler::response`), receives on an SRQ or each qpair's own queue.
+    pub fn new_host(ctx: &Context, cfg: PollGroupConfig, recv: RecvMode) -> Result<PollGroup<R>> {
+        let pd = ctx.alloc_pd()?;
+        PollGroup::build(ctx, &pd, cfg, Role::Host, recv)
+    }
+
+    fn build(
+        ctx: &Context,
+        pd: &Pd,
+        cfg: PollGroupConfig,
+        role: Role,
+        recv_mode: RecvMode,
+    ) -> Result<PollGroup<R>> {
         cfg.validate()?;
         let attr = ctx.query_device()?;
         let cq_depth = cfg.cq_depth();
@@ -191,37 +266,63 @@ impl<R> PollGroup<R> {
         }
         let channel = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(cq_depth, Some(&channel))?;
-        let srq = pd.create_srq(&SrqInit {
-            max_wr: cfg.srq_depth,
-            max_sge: 1,
-            limit: 0,
-        })?;
-        let recv = RecvSlots::new(pd, cfg.srq_depth, CAPSULE_HEADER + cfg.in_capsule_data_size)?;
+        let per_qpair = matches!(recv_mode, RecvMode::PerQpair { .. });
+        let srq = if per_qpair {
+            None
+        } else {
+            Some(pd.create_srq(&SrqInit {
+                max_wr: cfg.srq_depth,
+                max_sge: 1,
+                limit: 0,
+            })?)
+        };
+        let recv = RecvSlots::new(
+            pd,
+            cfg.srq_depth,
+            CAPSULE_HEADER + cfg.in_capsule_data_size,
+            per_qpair,
+        )?;
         let bufs = DataBuffers::new(pd, cfg.data_buffers, cfg.io_unit_size)?;
+        let nreq = cfg.max_requests as usize;
+        let nq = cfg.max_qpairs as usize;
         let mut pg = PollGroup {
-            ctx: ctx.clone(),
-            pd: pd.clone(),
-            channel,
-            cq,
-            srq,
-            raises_last_wqe: attr.raises_last_wqe_reached,
-            max_inline: 0,
+            tree: RBTree::new(QpairAdapter::new()),
+            qpairs: Slab::with_capacity(nq),
+            qpair_generation: vec![0; nq].into_boxed_slice(),
+            reqs: Slab::with_capacity(nreq),
+            req_generation: vec![0; nreq].into_boxed_slice(),
+            chains: (0..nreq).map(|_| chain::Chain::new()).collect(),
+            req_links: vec![Link::default(); nreq].into_boxed_slice(),
+            buf_wait: Fifo::default(),
+            waiting: VecDeque::with_capacity(nq),
+            dirty: Vec::with_capacity(nq),
+            draining: Vec::with_capacity(nq),
+            carried: VecDeque::with_capacity(1),
+            completed: Vec::with_capacity(nreq),
             recv,
             bufs,
-            reqs: Slab::with_capacity(cfg.max_requests as usize),
-            tree: RBTree::new(QpairAdapter::new()),
-            qpairs: 0,
-            waiting: std::collections::VecDeque::with_capacity(cfg.max_qpairs as usize),
-            dirty: Vec::with_capacity(cfg.max_qpairs as usize),
-            draining: Vec::with_capacity(cfg.max_qpairs as usize),
-            carried: std::collections::VecDeque::with_capacity(
-                (cfg.max_requests * MAX_CHAIN + cfg.max_qpairs) as usize,
-            ),
+            srq,
+            role,
+            recv_mode,
+            cq,
+            channel,
+            pd: pd.clone(),
+            ctx: ctx.clone(),
+            raises_last_wqe: attr.raises_last_wqe_reached,
+            max_inline: 0,
+            device_read_depth: attr.max_qp_rd_atom.min(attr.max_qp_init_rd_atom),
+            device_max_qp_wr: attr.max_qp_wr,
+            failed: None,
+            post_fault: None,
+            tree_lookups: Cell::new(0),
             stats: PollGroupStats::default(),
             cfg,
         };
         // Fill the SRQ before any qpair can exist.
-        let calls = pg.recv.flush(&pg.srq).map_err(|e| e.error)?;
+        let calls = match &pg.srq {
+            Some(srq) => pg.recv.flush(srq).map_err(|e| e.error)?,
+            None => 0,
+        };
         pg.stats.recvs_posted += pg.recv.posted() as u64;
         pg.stats.recv_post_calls += calls as u64;
         Ok(pg)
@@ -239,20 +340,33 @@ impl<R> PollGroup<R> {
     pub fn cq(&self) -> &Cq {
         &self.cq
     }
-    pub fn srq(&self) -> &Srq {
-        &self.srq
+    /// The group's SRQ (None with per-qpair receive queues).
+    pub fn srq(&self) -> Option<&Srq> {
+        self.srq.as_ref()
+    }
+
+    /// Target or host side.
+    pub fn role(&self) -> Role {
+        self.role
     }
 
     /// Before sleeping: arm the CQ and say which fds wake this group (the completion channel,
     /// plus the provider's progress fd where completions are made by polling). Returns None
     /// when work arrived meanwhile (the caller must poll instead of sleeping): a completion
-    /// that lands between the last poll and the arming would otherwise be slept through.
+    /// that lands between the last poll and the arming would otherwise be slept through. A
+    /// failed group has nothing to wake for.
     pub fn arm(&mut self) -> Result<Option<[Option<RawFd>; 2]>> {
+        if self.failed.is_some() {
+            return Ok(Some([None, None]));
+        }
         self.cq.req_notify(false)?;
         if self.recv.queued() > 0
             || !self.dirty.is_empty()
             || !self.carried.is_empty()
+            || !self.completed.is_empty()
             || !self.draining.is_empty()
+            || (!self.waiting.is_empty() && self.reqs.len() < self.cfg.max_requests as usize)
+            || self.buffer_waiter_ready()
         {
             return Ok(None);
         }
@@ -265,6 +379,14 @@ impl<R> PollGroup<R> {
         Ok(Some([Some(self.channel.fd()), self.cq.progress_fd()]))
     }
 
+    fn buffer_waiter_ready(&self) -> bool {
+        self.buf_wait.front().is_some_and(|i| {
+            let r = &self.reqs[i as usize];
+            let want = r.want_bufs_left();
+            self.bufs.available() as usize >= want
+        })
+    }
+
     /// After waking: consume the completion channel's events (each arming yields at most one).
     pub fn ack_wakeups(&mut self) -> Result<u32> {
         let mut n = 0;
@@ -273,17 +395,27 @@ impl<R> PollGroup<R> {
         }
         Ok(n)
     }
+
     pub fn stats(&self) -> PollGroupStats {
-        self.stats
+        PollGroupStats {
+            tree_lookups: self.tree_lookups.get(),
+            ..self.stats
+        }
     }
+
     /// Whether this device raises LAST_WQE_REACHED (else drains use the fallback).
     pub fn raises_last_wqe(&self) -> bool {
         self.raises_last_wqe
     }
 
-    /// Qpairs in the tree (connecting, active or draining).
+    /// Why the group failed (its CQ did), if it has.
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Qpairs in the group (connecting, active or draining).
     pub fn qpair_count(&self) -> usize {
-        self.qpairs
+        self.qpairs.len()
     }
 
     /// The qp_nums in this group, in tree order (control path: for shutdown and listings).
@@ -291,20 +423,28 @@ impl<R> PollGroup<R> {
         self.tree.iter().map(|q| q.qp_num)
     }
 
-    /// Receive slots currently posted on the SRQ.
+    /// Receive slots currently posted on the SRQ, by the group's own count.
     pub fn recvs_posted(&self) -> u32 {
         self.recv.posted()
     }
 
-    /// Receive slots in each state: (posted on the SRQ, queued for re-posting, held by
-    /// capsules). They always add up to `srq_depth`.
+    /// Receive slots in each state by the group's own count: (posted on the SRQ, queued for
+    /// re-posting, held by capsules). With the free per-qpair pool they add up to
+    /// `srq_depth`. Leak checks should
+    /// compare `posted` with the SRQ's real occupancy (the soft SRQ's `posted()`).
     pub fn recv_accounting(&self) -> (u32, u32, u32) {
         let posted = self.recv.posted();
         let queued = self.recv.queued();
-        (posted, queued, self.recv.count() - posted - queued)
+        let free = self.recv.free_count();
+        (posted, queued, self.recv.count() - posted - queued - free)
     }
 
-    /// Request objects in use.
+    /// The state of receive slot `slot`.
+    pub fn slot_state(&self, slot: u32) -> Option<SlotState> {
+        self.recv.state(slot)
+    }
+
+    /// Request objects in use (aborted ones not yet finished included).
     pub fn requests_in_use(&self) -> usize {
         self.reqs.len()
     }
@@ -312,5 +452,47 @@ impl<R> PollGroup<R> {
     /// Data buffers free.
     pub fn buffers_free(&self) -> u32 {
         self.bufs.available()
+    }
+
+    /// Fault injection for tests: the next send post on `qp_num` hands only its first
+    /// `after_wrs` WRs to the QP and refuses the rest, as a provider refusing a list would.
+    pub fn fail_next_post(&mut self, qp_num: u32, after_wrs: usize) -> Result<()> {
+        let qref = self
+            .lookup(qp_num)
+            .ok_or_else(|| TransportError::InvalidArgument(format!("no qpair {qp_num:#x}")))?;
+        self.post_fault = Some((qref.index, after_wrs));
+        Ok(())
+    }
+
+    /// One RB-tree lookup (counted in stats).
+    pub(crate) fn lookup(&self, qp_num: u32) -> Option<QpRef> {
+        self.tree_lookups.set(self.tree_lookups.get() + 1);
+        let index = self.tree.find(&qp_num).get()?.index;
+        Some(QpRef {
+            index,
+            generation: self.qpair_generation[index as usize],
+        })
+    }
+
+    pub(crate) fn qpair_at(&self, qref: QpRef) -> Option<&QpairState> {
+        self.qpairs
+            .get(qref.index as usize)
+            .filter(|q| q.generation == qref.generation)
+    }
+
+    pub(crate) fn qpair_at_mut(&mut self, qref: QpRef) -> Option<&mut QpairState> {
+        self.qpairs
+            .get_mut(qref.index as usize)
+            .filter(|q| q.generation == qref.generation)
+    }
+
+    /// `qref` has chains to post at the end of this poll.
+    pub(crate) fn mark_dirty(&mut self, qref: QpRef) {
+        if let Some(q) = self.qpair_at_mut(qref) {
+            if !q.dirty && !q.to_post.is_empty() {
+                q.dirty = true;
+                self.dirty.push(qref.index);
+            }
+        }
     }
 }

@@ -1,32 +1,46 @@
 //! Where every completion goes.
 //!
 //! One `poll` reaps up to `batch` completions, then:
-//! - RECV: the slot's qpair is looked up by `wc.qp_num` in the RB-tree. Not found: an orphan
-//!   (a late completion for a destroyed QP): the slot is re-posted at once and counted. Found
-//!   and draining: re-posted and counted as discarded. Found and active: flow control (a host
-//!   past its negotiated depth is disconnected), then a request object and up to the handler —
-//!   or, with none free, the capsule waits on its qpair.
-//! - SEND / READ / WRITE: send-queue accounting on the qpair, then the request's chain; an
-//!   error starts draining the qpair.
-//! - DRAIN MARKER: the qpair's send queue has flushed.
+//! - RECV: the slot must be Posted (else counted, left alone); its qpair is looked up by
+//!   `wc.qp_num` in the RB-tree (the one lookup per capsule). Not found: an orphan (a late
+//!   completion for a destroyed QP): the slot is re-posted and counted. Draining: re-posted and
+//!   counted as discarded. Active: flow control (a host past its negotiated depth is
+//!   disconnected), then a request object and up to the handler, or, with none free, the
+//!   capsule waits in its qpair's FIFO.
+//! - SEND / READ / WRITE: the request by slab index, checked by generation and state (a stale
+//!   completion is counted and dropped), its chain's accounting, and its qpair by the slab
+//!   index the request holds (no lookup); an error starts draining the qpair.
+//! - DRAIN MARKER: the qpair's send queue has flushed; every WR posted before it is done.
 //!
-//! At the end of the poll, queued sends are posted per qpair as lists, receive slots are
-//! re-posted to the SRQ as lists, and draining qpairs are checked.
+//! At the end of the poll: capsules waiting for request objects, requests waiting for
+//! buffers, then chains are posted per qpair as lists while they fit (send-queue slots and
+//! RDMA READ depth), receive slots are re-posted to the SRQ as lists, and draining qpairs are
+//! checked.
 
-use crate::error::Result;
-use crate::types::{WcStatus, WorkCompletion};
+use crate::error::{Result, TransportError};
+use crate::types::{SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
 
-use super::qpair::{DrainReason, QpairPhase};
-use super::request::{Handler, ReqId};
-use super::wrid::{self, WrKind};
+use super::chain::Retired;
+use super::qpair::{DrainReason, QpRef, QpairPhase, live_mut};
+use super::request::{Handler, RequestState};
+use super::wrid::{self, WrId, WrKind};
 use super::{MAX_BATCH, PollGroup};
 
+/// Most WRs per send post call (at least one whole chain).
+const POST_WRS: usize = 32;
+const _: () = assert!(POST_WRS >= super::MAX_CHAIN_WRS);
+
 impl<R: Default> PollGroup<R> {
-    /// One pass: reap, dispatch, post. Returns the completions handled (0 = idle).
+    /// One pass: reap, dispatch, post. Returns the completions handled (0 = idle). A failing
+    /// CQ poll fails the group (`Handler::group_failed`, every qpair torn down) and is
+    /// returned once; a failed group polls as idle.
     pub fn poll<H: Handler<R>>(&mut self, h: &mut H) -> Result<usize> {
+        if self.failed.is_some() {
+            return Ok(0);
+        }
         let mut wcs = [WorkCompletion::default(); MAX_BATCH];
         let mut n = 0;
-        // Completions carried over (failed posts, arm's re-check) come first.
+        // Completions carried over (arm's re-check) come first.
         while n < self.cfg.batch {
             match self.carried.pop_front() {
                 Some(wc) => {
@@ -36,7 +50,13 @@ impl<R: Default> PollGroup<R> {
                 None => break,
             }
         }
-        n += self.cq.poll(&mut wcs[n..self.cfg.batch])?;
+        match self.cq.poll(&mut wcs[n..self.cfg.batch]) {
+            Ok(k) => n += k,
+            Err(e) => {
+                self.fail_group(h, format!("polling the CQ failed: {e}"));
+                return Err(e);
+            }
+        }
         self.stats.polls += 1;
         if n == 0 {
             self.stats.idle_polls += 1;
@@ -48,19 +68,17 @@ impl<R: Default> PollGroup<R> {
         if !self.waiting.is_empty() {
             self.run_waiting(h);
         }
+        if !self.buf_wait.is_empty() {
+            self.serve_buffer_waiters(h);
+        }
         if !self.dirty.is_empty() {
-            self.flush_sends();
+            self.flush_sends(h);
+        }
+        if !self.completed.is_empty() {
+            self.report_completed(h);
         }
         if self.recv.queued() > 0 {
-            let calls = match self.recv.flush(&self.srq) {
-                Ok(c) => c,
-                Err(e) => {
-                    // The SRQ refused: keep the slots queued and try again next poll.
-                    tracing::warn!(error = %e, "re-posting receive slots failed");
-                    1
-                }
-            };
-            self.stats.recv_post_calls += calls as u64;
+            self.flush_recvs();
         }
         if !self.draining.is_empty() {
             self.progress_drains(h);
@@ -72,87 +90,139 @@ impl<R: Default> PollGroup<R> {
         if wc.status != WcStatus::Success {
             self.stats.error_completions += 1;
         }
-        match wrid::decode(wc.wr_id) {
-            Some((WrKind::Recv, slot)) => self.on_recv(h, wc, slot),
-            Some((kind @ (WrKind::Send | WrKind::Read | WrKind::Write), req)) => {
-                self.on_send_side(h, wc, kind, ReqId(req))
-            }
-            Some((WrKind::DrainMarker, _)) => self.on_marker(wc),
-            None => tracing::warn!(
+        let Some(id) = wrid::decode(wc.wr_id) else {
+            self.stats.kind_mismatches += 1;
+            tracing::warn!(
                 wr_id = wc.wr_id,
                 qp_num = wc.qp_num,
                 "completion with a foreign wr_id"
-            ),
+            );
+            return;
+        };
+        // Verbs defines the opcode of successful completions only: errors go by wr_id.
+        if wc.status == WcStatus::Success && !id.kind.matches(wc.opcode) {
+            self.stats.kind_mismatches += 1;
+            tracing::warn!(?id, opcode = ?wc.opcode, "completion opcode does not fit its wr_id");
+            return;
+        }
+        match id.kind {
+            WrKind::Recv => self.on_recv(h, wc, id.index),
+            WrKind::Send | WrKind::Read | WrKind::Write => self.on_send_side(h, wc, id),
+            WrKind::DrainMarker => self.on_marker(h, wc, id),
         }
     }
 
+    /// Re-posts queued receive slots: to the SRQ, or to each owning qpair's QP.
+    fn flush_recvs(&mut self) {
+        let calls = match &self.srq {
+            Some(srq) => match self.recv.flush(srq) {
+                Ok(c) => c,
+                Err(e) => {
+                    // The SRQ refused: keep the slots queued and try again next poll.
+                    tracing::warn!(error = %e, "re-posting receive slots failed");
+                    1
+                }
+            },
+            None => {
+                let qpairs = &mut self.qpairs;
+                self.recv.flush_per_qpair(|owner, wrs| {
+                    // A draining QP would flush them straight back: they wait for its end.
+                    let q = qpairs
+                        .get_mut(owner as usize)
+                        .filter(|q| q.phase != QpairPhase::Draining);
+                    match q.and_then(|q| q.qp.as_mut()) {
+                        Some(qp) => qp.post_recv(wrs),
+                        None => Err(crate::error::PostError {
+                            failed_index: 0,
+                            error: TransportError::InvalidArgument("no QP".into()),
+                        }),
+                    }
+                })
+            }
+        };
+        self.stats.recv_post_calls += calls as u64;
+    }
+
     fn on_recv<H: Handler<R>>(&mut self, h: &mut H, wc: &WorkCompletion, slot: u32) {
-        if !self.recv.completed(slot, wc.byte_len) {
-            tracing::warn!(slot, "receive completion for a slot that does not exist");
+        if self.recv.state(slot) == Some(super::SlotState::Free) {
+            // Per-qpair mode: its qpair went and the slot went back to the pool.
+            self.stats.orphans += 1;
             return;
         }
-        let qp_num = wc.qp_num;
-        let verdict = self.with_qpair(qp_num, |st| {
-            if wc.status != WcStatus::Success {
-                return Verdict::Error;
-            }
-            match st.phase {
-                QpairPhase::Draining => Verdict::Discard,
-                QpairPhase::Connecting | QpairPhase::Active => {
-                    // A capsule may beat our ESTABLISHED event: the host is connected.
-                    st.phase = QpairPhase::Active;
-                    if st.outstanding >= st.depth {
-                        return Verdict::Overrun;
-                    }
-                    st.outstanding += 1;
-                    Verdict::Deliver
-                }
-            }
-        });
-        match verdict {
-            None => {
-                self.stats.orphans += 1;
-                self.recv.queue_repost(slot);
-            }
-            Some(Verdict::Error) => {
-                self.recv.queue_repost(slot);
-                self.start_drain(h, qp_num, DrainReason::ErrorCompletion);
-            }
-            Some(Verdict::Discard) => {
+        if !self.recv.completed(slot, wc.byte_len) {
+            self.stats.recv_slot_errors += 1;
+            tracing::error!(
+                slot,
+                state = ?self.recv.state(slot),
+                "receive completion for a slot that is not posted"
+            );
+            return;
+        }
+        let Some(qref) = self.lookup(wc.qp_num) else {
+            self.stats.orphans += 1;
+            self.recv.release(slot);
+            return;
+        };
+        let q = live_mut(&mut self.qpairs, qref).expect("the tree names live qpairs");
+        if wc.status != WcStatus::Success {
+            self.recv.release(slot);
+            self.start_drain(h, qref, DrainReason::ErrorCompletion);
+            return;
+        }
+        match q.phase {
+            QpairPhase::Draining => {
                 self.stats.discarded += 1;
-                self.recv.queue_repost(slot);
+                self.recv.release(slot);
             }
-            Some(Verdict::Overrun) => {
-                self.stats.overruns += 1;
-                self.recv.queue_repost(slot);
-                tracing::warn!(
-                    qp_num,
-                    "host sent more commands than the negotiated queue depth: disconnecting"
-                );
-                self.start_drain(h, qp_num, DrainReason::Overrun);
+            QpairPhase::Connecting | QpairPhase::Active if self.role == super::Role::Host => {
+                q.phase = QpairPhase::Active;
+                let qp_num = q.qp_num;
+                self.stats.capsules += 1;
+                self.on_response(h, qp_num, slot);
             }
-            Some(Verdict::Deliver) => self.deliver(h, qp_num, slot),
+            QpairPhase::Connecting | QpairPhase::Active => {
+                // A capsule may beat our ESTABLISHED event: the host is connected.
+                q.phase = QpairPhase::Active;
+                if q.outstanding >= q.depth {
+                    self.stats.overruns += 1;
+                    self.recv.release(slot);
+                    tracing::warn!(
+                        qp_num = wc.qp_num,
+                        "host sent more commands than the negotiated queue depth: disconnecting"
+                    );
+                    self.start_drain(h, qref, DrainReason::Overrun);
+                    return;
+                }
+                q.outstanding += 1;
+                let behind = !q.waiting_capsules.is_empty();
+                if behind {
+                    // Keep the host's order: earlier capsules still wait for requests.
+                    q.waiting_capsules.push_back(&mut self.recv.links, slot);
+                    self.stats.queued_for_request += 1;
+                    return;
+                }
+                self.deliver(h, qref, slot);
+            }
         }
     }
 
     /// Hands a capsule up, or parks it on its qpair when no request object is free.
-    fn deliver<H: Handler<R>>(&mut self, h: &mut H, qp_num: u32, slot: u32) {
-        match self.new_request(qp_num, slot) {
+    fn deliver<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef, slot: u32) {
+        match self.new_request(qref, slot) {
             Some(req) => {
                 self.stats.capsules += 1;
                 h.capsule(self, req);
             }
             None => {
                 self.stats.queued_for_request += 1;
-                let len = self.recv.bytes(slot).len() as u32;
-                let first = self
-                    .with_qpair(qp_num, |st| {
-                        st.waiting.push_back((slot, len));
-                        st.waiting.len() == 1
-                    })
-                    .unwrap_or(false);
-                if first {
-                    self.waiting.push_back(qp_num);
+                let Some(q) = live_mut(&mut self.qpairs, qref) else {
+                    self.recv.release(slot);
+                    return;
+                };
+                q.waiting_capsules.push_back(&mut self.recv.links, slot);
+                if !q.in_waiting_list {
+                    q.in_waiting_list = true;
+                    self.waiting.push_back(qref);
                 }
             }
         }
@@ -161,114 +231,473 @@ impl<R: Default> PollGroup<R> {
     /// Capsules that waited for a request object, oldest qpair first.
     fn run_waiting<H: Handler<R>>(&mut self, h: &mut H) {
         while self.reqs.len() < self.cfg.max_requests as usize {
-            let Some(qp_num) = self.waiting.pop_front() else {
+            let Some(qref) = self.waiting.pop_front() else {
                 break;
             };
-            let next = self.with_qpair(qp_num, |st| {
-                let head = st.waiting.pop_front();
-                (head, !st.waiting.is_empty())
-            });
-            let Some((Some((slot, _len)), more)) = next else {
+            let Some(q) = live_mut(&mut self.qpairs, qref) else {
                 continue;
             };
-            if more {
-                self.waiting.push_back(qp_num);
+            let Some(slot) = q.waiting_capsules.pop_front(&mut self.recv.links) else {
+                q.in_waiting_list = false;
+                continue;
+            };
+            if q.waiting_capsules.is_empty() {
+                q.in_waiting_list = false;
+            } else {
+                self.waiting.push_back(qref);
             }
-            if let Some(req) = self.new_request(qp_num, slot) {
+            if let Some(req) = self.new_request(qref, slot) {
                 self.stats.capsules += 1;
                 h.capsule(self, req);
             }
         }
     }
 
-    fn on_send_side<H: Handler<R>>(
+    fn on_send_side<H: Handler<R>>(&mut self, h: &mut H, wc: &WorkCompletion, id: WrId) {
+        let index = id.index;
+        let live = self.req_generation.get(index as usize) == Some(&id.generation)
+            && self.reqs.get(index as usize).is_some_and(|r| {
+                !r.aborted() && r.state == RequestState::Posted && r.qp_num() == wc.qp_num
+            })
+            && self.chains[index as usize].kind_at(id.position) == Some(id.kind);
+        if !live {
+            self.stats.stale_completions += 1;
+            tracing::debug!(?id, qp_num = wc.qp_num, status = ?wc.status, "stale send-side completion dropped");
+            return;
+        }
+        let chain = &mut self.chains[index as usize];
+        let retired = chain.retire_through(id.position, wc.status);
+        let over = chain.is_over();
+        let qref = self.reqs[index as usize].qpair;
+        self.retired_on(qref, retired);
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushErr {
+                tracing::debug!(qp_num = wc.qp_num, status = ?wc.status, ?id, "work request failed");
+            }
+            self.start_drain(h, qref, DrainReason::ErrorCompletion);
+        }
+        if over {
+            self.chain_over(h, index);
+        }
+    }
+
+    /// WRs left `qref`'s send queue: room for whatever waits there.
+    fn retired_on(&mut self, qref: QpRef, retired: Retired) {
+        if let Some(q) = self.qpair_at_mut(qref) {
+            q.release(retired.wrs, retired.reads);
+        }
+        self.mark_dirty(qref);
+    }
+
+    fn on_marker<H: Handler<R>>(&mut self, h: &mut H, wc: &WorkCompletion, id: WrId) {
+        let qref = QpRef {
+            index: id.index,
+            generation: id.generation,
+        };
+        let now = std::time::Instant::now();
+        let Some(q) = self.qpair_at_mut(qref).filter(|q| q.qp_num == wc.qp_num) else {
+            self.stats.stale_completions += 1;
+            return;
+        };
+        if let Some(d) = q.drain.as_mut() {
+            d.marker_done = true;
+            d.sends_quiet_at = Some(now);
+        }
+        // Every WR posted before the marker is done: unsignaled ones whose signaled tail
+        // never reached the QP (a partly posted chain) are retired here.
+        let posted: Vec<u32> = self
+            .reqs
+            .iter()
+            .filter(|(_, r)| r.qpair == qref && !r.aborted() && r.state == RequestState::Posted)
+            .map(|(i, _)| i as u32)
+            .collect();
+        for index in posted {
+            let retired = self.chains[index as usize].retire_all();
+            self.retired_on(qref, retired);
+            self.chain_over(h, index);
+        }
+    }
+
+    /// Posts each dirty qpair's waiting chains, in order, while they fit.
+    fn flush_sends<H: Handler<R>>(&mut self, h: &mut H) {
+        // Handlers called from here may dirty qpairs again: pop until none is left.
+        while let Some(index) = self.dirty.pop() {
+            let Some(q) = self.qpairs.get_mut(index as usize) else {
+                continue;
+            };
+            q.dirty = false;
+            let qref = QpRef {
+                index,
+                generation: q.generation,
+            };
+            if q.phase == QpairPhase::Draining || q.qp.is_none() {
+                self.flush_to_post(h, qref);
+            } else {
+                self.post_to_qp(h, qref);
+            }
+        }
+    }
+
+    /// The qpair is draining: chains waiting never reach the QP; they complete as flushed.
+    fn flush_to_post<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef) {
+        loop {
+            let Some(q) = live_mut(&mut self.qpairs, qref) else {
+                return;
+            };
+            let Some(index) = q.to_post.pop_front(&mut self.req_links) else {
+                return;
+            };
+            self.reqs[index as usize].state = RequestState::Posted;
+            self.chains[index as usize].refused_from(0, WcStatus::WrFlushErr);
+            self.chain_over(h, index);
+        }
+    }
+
+    fn post_to_qp<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef) {
+        loop {
+            let mut batch = [0u32; POST_WRS];
+            let mut count = 0;
+            let mut wrs_in_batch = 0u32;
+            {
+                let Some(q) = self.qpairs.get_mut(qref.index as usize) else {
+                    return;
+                };
+                while let Some(index) = q.to_post.front() {
+                    let chain = &self.chains[index as usize];
+                    let (n, reads) = (chain.len(), chain.reads());
+                    if !q.has_room(n, reads) {
+                        self.stats.post_stalls += 1;
+                        break;
+                    }
+                    if wrs_in_batch + n > POST_WRS as u32 {
+                        break;
+                    }
+                    q.to_post.pop_front(&mut self.req_links);
+                    q.reserve(n, reads);
+                    batch[count] = index;
+                    count += 1;
+                    wrs_in_batch += n;
+                }
+            }
+            if count == 0 {
+                return;
+            }
+            for &index in &batch[..count] {
+                self.chain_posted(index);
+            }
+            let result = {
+                let empty = SendWr {
+                    wr_id: 0,
+                    op: SendOp::Send,
+                    sges: &[],
+                    flags: SendFlags::empty(),
+                };
+                let mut wrs = [empty; POST_WRS];
+                let mut at = 0;
+                for &index in &batch[..count] {
+                    let generation = self.req_generation[index as usize];
+                    at += self.chains[index as usize].work_requests(
+                        generation,
+                        index,
+                        &mut wrs[at..],
+                    );
+                }
+                self.stats.send_post_calls += 1;
+                self.stats.send_wrs_posted += at as u64;
+                let fault = match self.post_fault {
+                    Some((i, after)) if i == qref.index => {
+                        self.post_fault = None;
+                        Some(after.min(at))
+                    }
+                    _ => None,
+                };
+                let to_post = fault.unwrap_or(at);
+                let posted = match self.qpairs[qref.index as usize].qp.as_mut() {
+                    Some(qp) => qp
+                        .post_send(&wrs[..to_post])
+                        .map_err(|e| (e.failed_index, e.error)),
+                    None => Err((0, TransportError::InvalidArgument("no QP".into()))),
+                };
+                match (posted, fault) {
+                    (Ok(()), Some(after)) if after < at => Err((
+                        after,
+                        TransportError::InvalidArgument("injected post failure".into()),
+                    )),
+                    (other, _) => other,
+                }
+            };
+            if let Err((failed_index, error)) = result {
+                self.post_failed(h, qref, &batch[..count], failed_index, error);
+                return;
+            }
+        }
+    }
+
+    /// A post refused WR `failed_index` of the list built from `batch`: that WR and the rest
+    /// never reached the QP. They fail here without touching the QP's completion accounting;
+    /// the qpair drains (its marker retires what did reach the QP silently).
+    fn post_failed<H: Handler<R>>(
         &mut self,
         h: &mut H,
-        wc: &WorkCompletion,
-        kind: WrKind,
-        req: ReqId,
+        qref: QpRef,
+        batch: &[u32],
+        failed_index: usize,
+        error: TransportError,
     ) {
-        let ok = wc.status == WcStatus::Success;
-        self.with_qpair(wc.qp_num, |st| {
-            if ok {
-                st.run_completed()
-            } else {
-                st.wr_failed()
-            }
-        });
-        if !ok && wc.status != WcStatus::WrFlushErr {
-            tracing::debug!(qp_num = wc.qp_num, status = ?wc.status, ?kind, "work request failed");
-        }
-        if !ok {
-            self.start_drain(h, wc.qp_num, DrainReason::ErrorCompletion);
-        }
-        if let Some(status) = self.chain_progress(req, wc.qp_num, wc.status) {
-            h.chain_done(self, req, kind, status);
-        }
-    }
-
-    fn on_marker(&mut self, wc: &WorkCompletion) {
-        let now = std::time::Instant::now();
-        self.with_qpair(wc.qp_num, |st| {
-            if wc.status == WcStatus::Success {
-                st.run_completed();
-            } else {
-                st.wr_failed();
-            }
-            if let Some(d) = st.drain.as_mut() {
-                d.marker_done = true;
-                d.marker_at = Some(now);
-            }
-        });
-    }
-
-    /// Posts each dirty qpair's queued WRs as lists.
-    fn flush_sends(&mut self) {
-        const CHUNK: usize = 16;
-        let dirty = std::mem::take(&mut self.dirty);
-        for &qp_num in &dirty {
-            let failed = self.with_qpair(qp_num, |st| {
-                st.dirty = false;
-                let mut failed = 0..0;
-                let super::qpair::QpairState { qp, queued, .. } = st;
-                if let Some(qp) = qp.as_mut() {
-                    let mut at = 0;
-                    while at < queued.len() {
-                        let end = (at + CHUNK).min(queued.len());
-                        let wrs: [_; CHUNK] =
-                            std::array::from_fn(|i| queued[(at + i).min(end - 1)].as_wr());
-                        if let Err(e) = qp.post_send(&wrs[..end - at]) {
-                            tracing::warn!(qp_num, error = %e, "posting sends failed");
-                            failed = at + e.failed_index..queued.len();
-                            break;
-                        }
-                        at = end;
-                    }
-                } else {
-                    failed = 0..queued.len();
+        let qp_num = self.qpair_at(qref).map_or(0, |q| q.qp_num);
+        tracing::warn!(qp_num, %error, failed_index, "posting sends failed: draining the qpair");
+        let mut at = 0usize;
+        let mut over = [0u32; POST_WRS];
+        let mut n_over = 0;
+        for &index in batch {
+            let chain = &mut self.chains[index as usize];
+            let len = chain.len() as usize;
+            if failed_index < at + len {
+                let position = failed_index.saturating_sub(at) as u8;
+                let retired = chain.refused_from(position, WcStatus::GeneralErr);
+                if chain.is_over() {
+                    over[n_over] = index;
+                    n_over += 1;
                 }
-                let ids: Vec<u64> = queued[failed].iter().map(|w| w.wr_id).collect();
-                queued.clear();
-                ids
-            });
-            // WRs that never reached the QP complete in error next poll, like a flush would.
-            for wr_id in failed.unwrap_or_default() {
-                self.carried.push_back(WorkCompletion {
-                    wr_id,
-                    status: WcStatus::GeneralErr,
-                    qp_num,
-                    ..WorkCompletion::default()
-                });
+                if let Some(q) = self.qpair_at_mut(qref) {
+                    q.release(retired.wrs, retired.reads);
+                }
             }
+            at += len;
         }
-        self.dirty = dirty;
-        self.dirty.clear();
+        self.start_drain(h, qref, DrainReason::ErrorCompletion);
+        for &index in &over[..n_over] {
+            self.chain_over(h, index);
+        }
     }
 }
 
-enum Verdict {
-    Deliver,
-    Discard,
-    Overrun,
-    Error,
+#[cfg(all(test, feature = "soft"))]
+mod tests {
+    use super::*;
+    use crate::device::{Context, DeviceSpec};
+    use crate::pollgroup::chain::ChainWr;
+    use crate::pollgroup::lifecycle::QpairEvent;
+    use crate::pollgroup::request::ReqId;
+    use crate::pollgroup::{PollGroupConfig, SlotState};
+    use crate::types::{SoftConfig, SoftFabric, WcOpcode};
+
+    #[derive(Default)]
+    struct Record {
+        chains: Vec<ReqId>,
+    }
+
+    impl Handler<()> for Record {
+        fn capsule(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn chain_done(&mut self, _: &mut PollGroup<()>, req: ReqId, _: WrKind, _: WcStatus) {
+            self.chains.push(req);
+        }
+        fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
+        fn aborted(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+    }
+
+    fn group(name: &str) -> (PollGroup<()>, u32) {
+        let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+            name: format!("pg-unit-{name}-{}", std::process::id()),
+            fabric: SoftFabric::InProcess,
+            ..SoftConfig::default()
+        }))
+        .unwrap();
+        let cfg = PollGroupConfig {
+            srq_depth: 8,
+            max_qpairs: 2,
+            max_queue_depth: 4,
+            max_requests: 2,
+            data_buffers: 2,
+            io_unit_size: 4096,
+            in_capsule_data_size: 0,
+            ..PollGroupConfig::default()
+        };
+        let mut pg = PollGroup::<()>::new(&ctx, cfg).unwrap();
+        let qp = pg.create_qp().unwrap();
+        let qpn = pg.add_qp(qp, 4, 4, 0).unwrap();
+        (pg, qpn)
+    }
+
+    /// A request with a one-SEND chain marked posted (as the end-of-poll post would).
+    fn posted_request(pg: &mut PollGroup<()>, qpn: u32) -> ReqId {
+        let qref = pg.lookup(qpn).unwrap();
+        let req = pg.new_request(qref, u32::MAX).unwrap();
+        let chain = [ChainWr {
+            op: SendOp::Send,
+            sges: &[],
+            inline: false,
+        }];
+        pg.chains[req.index as usize].set(&chain, 0).unwrap();
+        pg.chain_posted(req.index);
+        pg.qpairs[qref.index as usize].reserve(1, 0);
+        req
+    }
+
+    fn send_wc(req: ReqId, generation: u32, qpn: u32) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: wrid::encode(WrKind::Send, 0, generation, req.index),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            qp_num: qpn,
+            ..WorkCompletion::default()
+        }
+    }
+
+    #[test]
+    fn a_stale_generation_is_counted_and_never_applied() {
+        let (mut pg, qpn) = group("stale");
+        let mut h = Record::default();
+        let old = posted_request(&mut pg, qpn);
+        // The request finishes (its SEND completion is reaped) and its index is reused.
+        pg.dispatch(&mut h, &send_wc(old, old.generation, qpn));
+        assert_eq!(h.chains, vec![old]);
+        pg.finish(old);
+        let new = posted_request(&mut pg, qpn);
+        assert_eq!(new.index, old.index, "the slab reuses the index");
+        assert_ne!(new.generation, old.generation);
+        // A completion naming the old generation (a duplicate, or one from a destroyed QP).
+        pg.dispatch(&mut h, &send_wc(old, old.generation, qpn));
+        assert_eq!(pg.stats().stale_completions, 1);
+        assert_eq!(h.chains, vec![old], "never applied to the new request");
+        assert_eq!(pg.request(new).unwrap().state(), RequestState::Posted);
+        // A send-side wr_id arriving with a receive opcode is refused by kind.
+        let mut wrong = send_wc(new, new.generation, qpn);
+        wrong.opcode = WcOpcode::Recv;
+        pg.dispatch(&mut h, &wrong);
+        assert_eq!(pg.stats().kind_mismatches, 1);
+        pg.dispatch(&mut h, &send_wc(new, new.generation, qpn));
+        assert_eq!(h.chains, vec![old, new]);
+    }
+
+    /// A host initiator: matches every response to the one command in flight.
+    #[derive(Default)]
+    struct Host {
+        in_flight: Option<ReqId>,
+        complete: Vec<ReqId>,
+    }
+
+    impl Handler<()> for Host {
+        fn capsule(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn chain_done(&mut self, _: &mut PollGroup<()>, _: ReqId, _: WrKind, _: WcStatus) {
+            panic!("host SENDs complete through request_complete");
+        }
+        fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
+        fn aborted(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+        fn response(&mut self, pg: &mut PollGroup<()>, _: u32, _: &[u8]) {
+            pg.response_received(self.in_flight.unwrap()).unwrap();
+        }
+        fn request_complete(&mut self, pg: &mut PollGroup<()>, req: ReqId, s: WcStatus) {
+            assert_eq!(s, WcStatus::Success);
+            self.complete.push(req);
+            pg.finish(req);
+        }
+    }
+
+    /// A host request completes only with both its SEND completion and its response, in
+    /// either order.
+    #[test]
+    fn a_host_request_needs_its_send_and_its_response_in_either_order() {
+        let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+            name: format!("pg-unit-host-{}", std::process::id()),
+            fabric: SoftFabric::InProcess,
+            ..SoftConfig::default()
+        }))
+        .unwrap();
+        let cfg = PollGroupConfig {
+            srq_depth: 8,
+            max_qpairs: 2,
+            max_queue_depth: 4,
+            max_requests: 2,
+            data_buffers: 2,
+            io_unit_size: 4096,
+            in_capsule_data_size: 0,
+            ..PollGroupConfig::default()
+        };
+        let mut pg = PollGroup::<()>::new_host(&ctx, cfg, crate::pollgroup::RecvMode::Srq).unwrap();
+        let qp = pg.create_qp().unwrap();
+        let qpn = pg.add_qp(qp, 4, 1, 0).unwrap();
+        let handle = pg.qpair_handle(qpn).unwrap();
+        let mut h = Host::default();
+        for (slot, response_first) in [(0u32, true), (1, false)] {
+            let req = pg.submit(handle).unwrap();
+            pg.chains[req.index as usize]
+                .set(
+                    &[ChainWr {
+                        op: SendOp::Send,
+                        sges: &[],
+                        inline: false,
+                    }],
+                    0,
+                )
+                .unwrap();
+            pg.chain_posted(req.index);
+            pg.qpairs[handle.0.index as usize].reserve(1, 0);
+            h.in_flight = Some(req);
+            let response = WorkCompletion {
+                wr_id: wrid::recv(slot),
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                qp_num: qpn,
+                byte_len: 16,
+                ..WorkCompletion::default()
+            };
+            let send = send_wc(req, req.generation, qpn);
+            let (first, second) = if response_first {
+                (response, send)
+            } else {
+                (send, response)
+            };
+            pg.dispatch(&mut h, &first);
+            if !pg.completed.is_empty() {
+                pg.report_completed(&mut h);
+            }
+            assert!(
+                h.complete.is_empty(),
+                "complete after one half ({response_first})"
+            );
+            pg.dispatch(&mut h, &second);
+            pg.report_completed(&mut h);
+            assert_eq!(h.complete, vec![req], "response first: {response_first}");
+            h.complete.clear();
+        }
+        assert_eq!(pg.requests_in_use(), 0);
+    }
+
+    #[test]
+    fn a_slot_is_never_posted_twice() {
+        let (mut pg, _) = group("slots");
+        let mut h = Record::default();
+        assert_eq!(pg.slot_state(3), Some(SlotState::Posted));
+        let recv = WorkCompletion {
+            wr_id: wrid::recv(3),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            qp_num: 0xdead,
+            byte_len: 64,
+            ..WorkCompletion::default()
+        };
+        // An orphan: the slot is queued for re-posting once.
+        pg.dispatch(&mut h, &recv);
+        assert_eq!(pg.slot_state(3), Some(SlotState::QueuedForPost));
+        assert_eq!(pg.recv_accounting(), (7, 1, 0));
+        // The same completion again: the slot is not Posted, so it is an error, not a repost.
+        pg.dispatch(&mut h, &recv);
+        assert_eq!(pg.stats().recv_slot_errors, 1);
+        assert_eq!(pg.recv_accounting(), (7, 1, 0));
+        // A slot number the group never made.
+        pg.dispatch(
+            &mut h,
+            &WorkCompletion {
+                wr_id: wrid::recv(999),
+                ..recv
+            },
+        );
+        assert_eq!(pg.stats().recv_slot_errors, 2);
+        // Releasing a slot that is not held does nothing either.
+        assert!(!pg.recv.release(3));
+        assert_eq!(pg.recv.queued(), 1);
+    }
 }

@@ -1,18 +1,17 @@
-//! A qpair as the poll group sees it: a node of the intrusive RB-tree keyed by qp_num, its QP
-//! (and CM id), its phase, flow-control and send accounting, and drain progress.
+//! A qpair as the poll group sees it. The state lives in a slab sized at start (index +
+//! generation, `QpRef`), so a request or a drain marker reaches its qpair without a search; the
+//! intrusive RB-tree keyed by qp_num holds only small index nodes and is used for receive
+//! completions (one lookup per capsule) and control-path events. Per-qpair memory does not
+//! depend on its depth: work waiting on it is linked through request and slot indices.
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use intrusive_collections::{KeyAdapter, RBTreeLink, intrusive_adapter};
 
 use crate::cm::CmId;
 use crate::device::Qp;
-use crate::types::{SendFlags, SendOp, SendWr, Sge};
 
-/// Most SGEs one queued work request carries (a 128 KiB transfer in 8 KiB units is 16).
-pub const MAX_WR_SGES: usize = 16;
+use super::fifo::Fifo;
 
 /// Where a qpair is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,42 +37,15 @@ pub enum DrainReason {
     Overrun,
     /// QP_FATAL and friends.
     AsyncError,
+    /// The group's CQ failed: every qpair goes.
+    GroupFailed,
 }
 
-/// A send work request queued for the end-of-poll post, owning its SGEs.
-#[derive(Clone, Copy, Debug)]
-pub struct QueuedWr {
-    pub wr_id: u64,
-    pub op: SendOp,
-    pub sges: [Sge; MAX_WR_SGES],
-    pub nsge: u8,
-    pub flags: SendFlags,
-}
-
-impl QueuedWr {
-    pub fn new(wr_id: u64, op: SendOp, sges: &[Sge], flags: SendFlags) -> Option<QueuedWr> {
-        if sges.len() > MAX_WR_SGES {
-            return None;
-        }
-        let mut own = [Sge::default(); MAX_WR_SGES];
-        own[..sges.len()].copy_from_slice(sges);
-        Some(QueuedWr {
-            wr_id,
-            op,
-            sges: own,
-            nsge: sges.len() as u8,
-            flags,
-        })
-    }
-
-    pub fn as_wr(&self) -> SendWr<'_> {
-        SendWr {
-            wr_id: self.wr_id,
-            op: self.op,
-            sges: &self.sges[..self.nsge as usize],
-            flags: self.flags,
-        }
-    }
+/// A qpair's slab index and generation: stale once the qpair is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QpRef {
+    pub index: u32,
+    pub generation: u32,
 }
 
 /// Drain bookkeeping.
@@ -81,187 +53,141 @@ impl QueuedWr {
 pub(crate) struct Drain {
     pub started: Instant,
     pub last_wqe: bool,
-    /// The zero-length marker SEND posted after ERR has come back (flushed): every send posted
-    /// before it has completed.
+    /// It came back: every send posted before it has completed.
     pub marker_done: bool,
-    pub marker_posted: bool,
-    /// When the marker came back (the grace period for straggling receives starts then).
-    pub marker_at: Option<Instant>,
+    /// When the marker came back or could not be posted (the grace period for straggling
+    /// receives starts then).
+    pub sends_quiet_at: Option<Instant>,
 }
 
-/// The mutable part of a qpair. Only the owning reactor touches it (the group is `!Sync`).
+/// The mutable state of a qpair. Only the owning reactor touches it (the group is `!Sync`).
 pub(crate) struct QpairState {
     // Field order is drop order: the QP goes before its CM id.
     pub qp: Option<Qp>,
     pub cm_id: Option<CmId>,
+    pub qp_num: u32,
+    pub generation: u32,
     pub phase: QpairPhase,
-    /// Negotiated queue depth: commands the host may have outstanding.
-    pub depth: u32,
-    /// Commands received and not yet answered (the host's view of the queue).
-    pub outstanding: u32,
-    /// Capsules waiting for a request object: (slot, byte_len).
-    pub waiting: VecDeque<(u32, u32)>,
-    /// Send WRs queued this poll.
-    pub queued: Vec<QueuedWr>,
-    /// Send-queue accounting: each entry is a run of WRs ending in a signaled one. A signaled
-    /// success retires the head run (RC completes in order); each error completion retires one.
-    pub runs: VecDeque<u32>,
-    pub sends_outstanding: u32,
-    /// Requests alive on this qpair (from capsule to finish).
-    pub requests: u32,
-    pub drain: Option<Drain>,
-    /// In the group's dirty list (WRs queued this poll).
-    pub dirty: bool,
     /// The layer above's name for this qpair.
     pub token: u64,
+    /// Negotiated queue depth: commands the host may have outstanding.
+    pub depth: u32,
+    /// Commands received and not yet answered (the answer's SEND not yet posted).
+    pub outstanding: u32,
+    /// Requests alive on this qpair (capsule to finish or abort).
+    pub requests: u32,
+    /// Send-queue WRs the group may have posted at once (the drain marker has its own slot).
+    pub sq_slots: u32,
+    pub sq_used: u32,
+    pub sq_high_water: u32,
+    /// RDMA READs this side may have in flight (negotiated at connect, capped by the device).
+    pub read_depth: u32,
+    pub reads_in_flight: u32,
+    pub reads_high_water: u32,
+    /// Requests whose chain waits to be posted, in order.
+    pub to_post: Fifo,
+    /// Capsules (Held slots) waiting for a request object, in order.
+    pub waiting_capsules: Fifo,
+    pub in_waiting_list: bool,
+    /// In the group's dirty list (something to post at the end of the poll).
+    pub dirty: bool,
+    pub drain: Option<Drain>,
 }
 
-pub(crate) struct Qpair {
+impl QpairState {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qp: Qp,
+        cm_id: Option<CmId>,
+        generation: u32,
+        depth: u32,
+        read_depth: u32,
+        token: u64,
+    ) -> QpairState {
+        // One slot of the granted send queue is the drain marker's.
+        let sq_slots = qp.caps().max_send_wr.saturating_sub(1).max(1);
+        QpairState {
+            qp_num: qp.qp_num(),
+            qp: Some(qp),
+            cm_id,
+            generation,
+            phase: QpairPhase::Connecting,
+            token,
+            depth,
+            outstanding: 0,
+            requests: 0,
+            sq_slots,
+            sq_used: 0,
+            sq_high_water: 0,
+            read_depth,
+            reads_in_flight: 0,
+            reads_high_water: 0,
+            to_post: Fifo::default(),
+            waiting_capsules: Fifo::default(),
+            in_waiting_list: false,
+            dirty: false,
+            drain: None,
+        }
+    }
+
+    /// Whether a chain of `wrs` WRs with `reads` RDMA READs can go on the send queue now
+    /// (`post_chain` refuses chains longer than the whole send queue). A
+    /// chain with more READs than the read depth goes alone (no other READ in flight): the
+    /// device itself never issues more than the QP's max_rd_atomic at once, so such a chain is
+    /// only kept from piling onto others.
+    pub(crate) fn has_room(&self, wrs: u32, reads: u32) -> bool {
+        let sq = self.sq_used + wrs <= self.sq_slots;
+        let rd = self.reads_in_flight + reads <= self.read_depth || self.reads_in_flight == 0;
+        sq && rd
+    }
+
+    pub(crate) fn reserve(&mut self, wrs: u32, reads: u32) {
+        self.sq_used += wrs;
+        self.reads_in_flight += reads;
+        self.sq_high_water = self.sq_high_water.max(self.sq_used);
+        self.reads_high_water = self.reads_high_water.max(self.reads_in_flight);
+    }
+
+    pub(crate) fn release(&mut self, wrs: u32, reads: u32) {
+        debug_assert!(wrs <= self.sq_used && reads <= self.reads_in_flight);
+        self.sq_used -= wrs.min(self.sq_used);
+        self.reads_in_flight -= reads.min(self.reads_in_flight);
+    }
+}
+
+/// `qref`'s state if it is still the qpair it names (borrowing the slab only, so the caller
+/// may use the group's other fields meanwhile).
+pub(crate) fn live_mut(
+    qpairs: &mut slab::Slab<QpairState>,
+    qref: QpRef,
+) -> Option<&mut QpairState> {
+    qpairs
+        .get_mut(qref.index as usize)
+        .filter(|q| q.generation == qref.generation)
+}
+
+/// The RB-tree's node: qp_num -> slab index.
+pub(crate) struct QpairNode {
     link: RBTreeLink,
     pub qp_num: u32,
-    pub st: RefCell<QpairState>,
+    pub index: u32,
 }
 
-intrusive_adapter!(pub(crate) QpairAdapter = Box<Qpair>: Qpair { link => RBTreeLink });
+intrusive_adapter!(pub(crate) QpairAdapter = Box<QpairNode>: QpairNode { link => RBTreeLink });
 
 impl<'a> KeyAdapter<'a> for QpairAdapter {
     type Key = u32;
-    fn get_key(&self, q: &'a Qpair) -> u32 {
+    fn get_key(&self, q: &'a QpairNode) -> u32 {
         q.qp_num
     }
 }
 
-impl Qpair {
-    pub(crate) fn new(
-        qp: Qp,
-        cm_id: Option<CmId>,
-        depth: u32,
-        max_send_wr: u32,
-        token: u64,
-    ) -> Box<Qpair> {
-        Box::new(Qpair {
+impl QpairNode {
+    pub(crate) fn new(qp_num: u32, index: u32) -> Box<QpairNode> {
+        Box::new(QpairNode {
             link: RBTreeLink::new(),
-            qp_num: qp.qp_num(),
-            st: RefCell::new(QpairState {
-                qp: Some(qp),
-                cm_id,
-                phase: QpairPhase::Connecting,
-                depth,
-                outstanding: 0,
-                waiting: VecDeque::with_capacity(depth as usize + 1),
-                queued: Vec::with_capacity(max_send_wr as usize),
-                runs: VecDeque::with_capacity(max_send_wr as usize),
-                sends_outstanding: 0,
-                requests: 0,
-                drain: None,
-                dirty: false,
-                token,
-            }),
+            qp_num,
+            index,
         })
-    }
-}
-
-impl QpairState {
-    /// Account a chain of `n` WRs whose last is signaled.
-    pub(crate) fn chain_posted(&mut self, n: u32) {
-        if n > 0 {
-            self.runs.push_back(n);
-            self.sends_outstanding += n;
-        }
-    }
-
-    /// A signaled send-side WR completed successfully: its whole run is done.
-    pub(crate) fn run_completed(&mut self) {
-        if let Some(n) = self.runs.pop_front() {
-            self.sends_outstanding -= n;
-        }
-    }
-
-    /// One send-side WR completed in error (every WR reports its own error or flush).
-    pub(crate) fn wr_failed(&mut self) {
-        if let Some(head) = self.runs.front_mut() {
-            *head -= 1;
-            self.sends_outstanding -= 1;
-            if *head == 0 {
-                self.runs.pop_front();
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state() -> QpairState {
-        QpairState {
-            qp: None,
-            cm_id: None,
-            phase: QpairPhase::Active,
-            depth: 4,
-            outstanding: 0,
-            waiting: VecDeque::new(),
-            queued: Vec::new(),
-            runs: VecDeque::new(),
-            sends_outstanding: 0,
-            requests: 0,
-            drain: None,
-            dirty: false,
-            token: 0,
-        }
-    }
-
-    #[test]
-    fn signaled_success_retires_its_run() {
-        let mut s = state();
-        s.chain_posted(3); // WRITE, WRITE, SEND(signaled)
-        s.chain_posted(1);
-        assert_eq!(s.sends_outstanding, 4);
-        s.run_completed();
-        assert_eq!(s.sends_outstanding, 1);
-        s.run_completed();
-        assert_eq!(s.sends_outstanding, 0);
-        s.run_completed(); // a stray completion cannot underflow
-        assert_eq!(s.sends_outstanding, 0);
-    }
-
-    #[test]
-    fn errors_retire_one_wr_each() {
-        let mut s = state();
-        s.chain_posted(2);
-        s.chain_posted(2);
-        for left in [3, 2, 1, 0] {
-            s.wr_failed();
-            assert_eq!(s.sends_outstanding, left);
-        }
-        assert!(s.runs.is_empty());
-    }
-
-    #[test]
-    fn queued_wr_keeps_its_sges() {
-        let sges = [
-            Sge {
-                addr: 1,
-                length: 2,
-                lkey: 3,
-            },
-            Sge {
-                addr: 4,
-                length: 5,
-                lkey: 6,
-            },
-        ];
-        let q = QueuedWr::new(9, SendOp::Send, &sges, SendFlags::SIGNALED).unwrap();
-        let wr = q.as_wr();
-        assert_eq!((wr.wr_id, wr.sges), (9, &sges[..]));
-        assert!(
-            QueuedWr::new(
-                9,
-                SendOp::Send,
-                &[Sge::default(); MAX_WR_SGES + 1],
-                SendFlags::empty()
-            )
-            .is_none()
-        );
     }
 }

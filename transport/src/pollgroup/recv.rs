@@ -1,43 +1,148 @@
 //! Receive slots: one registered region cut into slots of (64-byte capsule + in-capsule data),
-//! owned by the poll group, never by a qpair. A slot is either posted on the SRQ, held by a
-//! capsule the layer above is working on, or queued for re-posting at the end of the poll.
+//! owned by the poll group. With an SRQ every slot is posted there; with per-qpair receive
+//! queues (`RecvMode::PerQpair`, the host side) a qpair is assigned its slots when it joins and
+//! they are re-posted to its own QP, going back to the free pool when it leaves. Each slot
+//! carries its own state:
+//!
+//! ```text
+//! (per-qpair pool) Free --assign--> QueuedForPost
+//! QueuedForPost --flush--> Posted --completion--> Held --release--> QueuedForPost
+//! (owner gone) Posted / QueuedForPost / Held-then-released --> Free
+//! ```
+//!
+//! A slot is posted only from QueuedForPost (never twice), a completion is accepted only for a
+//! Posted slot (anything else is counted as an error and the slot is left alone), and only a
+//! Held slot can be released. Capsules waiting for a request object stay Held and are linked
+//! in their qpair's FIFO through `links`.
 
 use crate::device::{Mr, Pd, Srq};
 use crate::error::{PostError, Result};
 use crate::types::{Access, RecvWr, Sge};
 
-use super::wrid::{self, WrKind};
+use super::fifo::Link;
+use super::wrid;
 
 /// Most receives posted per `post_recv` call.
 const POST_CHUNK: usize = 32;
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotState {
+    /// In the per-qpair pool, assigned to no qpair.
+    Free,
+    QueuedForPost,
+    Posted,
+    /// Completed: a capsule the layer above (or a waiting qpair) holds.
+    Held,
+}
+
 pub(crate) struct RecvSlots {
     mr: Mr,
     slot_size: u32,
-    count: u32,
+    state: Box<[SlotState]>,
     /// Bytes received into each slot by its last completion.
     len: Box<[u32]>,
+    /// Links of Held slots waiting for a request object (per-qpair FIFOs).
+    pub(crate) links: Box<[Link]>,
     /// Slots to post at the end of this poll (capacity = count: never grows).
     repost: Vec<u32>,
-    /// Slots on the SRQ right now.
     posted: u32,
+    /// Per-qpair mode: each slot's qpair (slab index), NO_OWNER when free or orphaned.
+    owner: Option<Box<[u32]>>,
+    free: Vec<u32>,
 }
 
+pub(crate) const NO_OWNER: u32 = u32::MAX;
+
 impl RecvSlots {
-    pub(crate) fn new(pd: &Pd, count: u32, slot_size: u32) -> Result<RecvSlots> {
+    /// `per_qpair`: slots start Free and are assigned to qpairs; else all go to the SRQ.
+    pub(crate) fn new(pd: &Pd, count: u32, slot_size: u32, per_qpair: bool) -> Result<RecvSlots> {
         let mr = pd.alloc_mr(count as usize * slot_size as usize, Access::LOCAL_WRITE)?;
+        let (state, repost, free, owner) = if per_qpair {
+            (
+                SlotState::Free,
+                Vec::with_capacity(count as usize),
+                (0..count).rev().collect(),
+                Some(vec![NO_OWNER; count as usize].into_boxed_slice()),
+            )
+        } else {
+            (
+                SlotState::QueuedForPost,
+                (0..count).collect(),
+                Vec::new(),
+                None,
+            )
+        };
         Ok(RecvSlots {
             mr,
             slot_size,
-            count,
+            state: vec![state; count as usize].into_boxed_slice(),
             len: vec![0; count as usize].into_boxed_slice(),
-            repost: (0..count).collect(),
+            links: vec![Link::default(); count as usize].into_boxed_slice(),
+            repost,
             posted: 0,
+            owner,
+            free,
         })
     }
 
+    /// Slots in the per-qpair free pool.
+    pub(crate) fn free_count(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    /// The qpair (slab index) a slot belongs to, per-qpair mode.
+    pub(crate) fn owner(&self, slot: u32) -> Option<u32> {
+        self.owner
+            .as_ref()?
+            .get(slot as usize)
+            .copied()
+            .filter(|&o| o != NO_OWNER)
+    }
+
+    /// Gives qpair `owner` `n` slots from the free pool, queued for posting to its QP.
+    pub(crate) fn assign(&mut self, owner: u32, n: u32) -> bool {
+        let Some(owners) = self.owner.as_mut() else {
+            return false;
+        };
+        if self.free.len() < n as usize {
+            return false;
+        }
+        for _ in 0..n {
+            let slot = self.free.pop().expect("checked");
+            owners[slot as usize] = owner;
+            self.state[slot as usize] = SlotState::QueuedForPost;
+            self.repost.push(slot);
+        }
+        true
+    }
+
+    /// Qpair `owner` is gone (its QP destroyed: the device writes none of its receives any
+    /// more): its slots go back to the pool; held ones when released.
+    pub(crate) fn unassign(&mut self, owner: u32) {
+        let Some(owners) = self.owner.as_mut() else {
+            return;
+        };
+        self.repost.retain(|&s| owners[s as usize] != owner);
+        for slot in 0..owners.len() {
+            if owners[slot] != owner {
+                continue;
+            }
+            owners[slot] = NO_OWNER;
+            match self.state[slot] {
+                SlotState::Posted | SlotState::QueuedForPost => {
+                    if self.state[slot] == SlotState::Posted {
+                        self.posted -= 1;
+                    }
+                    self.state[slot] = SlotState::Free;
+                    self.free.push(slot as u32);
+                }
+                SlotState::Held | SlotState::Free => {}
+            }
+        }
+    }
+
     pub(crate) fn count(&self) -> u32 {
-        self.count
+        self.state.len() as u32
     }
 
     pub(crate) fn posted(&self) -> u32 {
@@ -48,17 +153,22 @@ impl RecvSlots {
         self.repost.len() as u32
     }
 
+    pub(crate) fn state(&self, slot: u32) -> Option<SlotState> {
+        self.state.get(slot as usize).copied()
+    }
+
     fn sge(&self, slot: u32) -> Sge {
         self.mr
             .sge(slot as usize * self.slot_size as usize, self.slot_size)
     }
 
-    /// A receive completed into `slot`: it is no longer on the SRQ. False for a slot number
-    /// this pool never handed out.
+    /// A receive completed into `slot`: Posted -> Held. False (and nothing changed) for a slot
+    /// that does not exist or was not posted.
     pub(crate) fn completed(&mut self, slot: u32, byte_len: u32) -> bool {
-        if slot >= self.count {
+        if self.state(slot) != Some(SlotState::Posted) {
             return false;
         }
+        self.state[slot as usize] = SlotState::Held;
         self.posted -= 1;
         self.len[slot as usize] = byte_len.min(self.slot_size);
         true
@@ -75,9 +185,73 @@ impl RecvSlots {
         }
     }
 
-    pub(crate) fn queue_repost(&mut self, slot: u32) {
-        debug_assert!(self.repost.len() < self.count as usize);
+    /// Held -> QueuedForPost (posted at the end of the poll). False for a slot not Held.
+    pub(crate) fn release(&mut self, slot: u32) -> bool {
+        if self.state(slot) != Some(SlotState::Held) {
+            return false;
+        }
+        if self.owner.is_some() && self.owner(slot).is_none() {
+            // Its qpair is gone: back to the pool.
+            self.state[slot as usize] = SlotState::Free;
+            self.free.push(slot);
+            return true;
+        }
+        self.state[slot as usize] = SlotState::QueuedForPost;
         self.repost.push(slot);
+        true
+    }
+
+    /// Per-qpair mode: posts queued slots to their qpairs' QPs, as lists per qpair. Slots
+    /// whose post fails stay queued. Returns how many post calls it made.
+    pub(crate) fn flush_per_qpair(
+        &mut self,
+        mut post: impl FnMut(u32, &[RecvWr<'_>]) -> Result<(), PostError>,
+    ) -> u32 {
+        let Some(owners) = self.owner.as_ref() else {
+            return 0;
+        };
+        self.repost.sort_unstable_by_key(|&s| owners[s as usize]);
+        let mut calls = 0;
+        let mut keep = 0usize;
+        let mut at = 0usize;
+        while at < self.repost.len() {
+            let owner = owners[self.repost[at] as usize];
+            let mut end = at + 1;
+            while end < self.repost.len()
+                && end - at < POST_CHUNK
+                && owners[self.repost[end] as usize] == owner
+            {
+                end += 1;
+            }
+            let mut sges = [Sge::default(); POST_CHUNK];
+            for (sge, &slot) in sges.iter_mut().zip(&self.repost[at..end]) {
+                *sge = self
+                    .mr
+                    .sge(slot as usize * self.slot_size as usize, self.slot_size);
+            }
+            let slots = &self.repost[at..end];
+            let wrs: [RecvWr<'_>; POST_CHUNK] = std::array::from_fn(|i| RecvWr {
+                wr_id: wrid::recv(slots.get(i).copied().unwrap_or(0)),
+                sges: std::slice::from_ref(&sges[i]),
+            });
+            calls += 1;
+            let done = match post(owner, &wrs[..end - at]) {
+                Ok(()) => end - at,
+                Err(e) => e.failed_index,
+            };
+            for i in at..at + done {
+                self.state[self.repost[i] as usize] = SlotState::Posted;
+            }
+            self.posted += done as u32;
+            // Keep the refused tail queued (compacted to the front).
+            for i in at + done..end {
+                self.repost[keep] = self.repost[i];
+                keep += 1;
+            }
+            at = end;
+        }
+        self.repost.truncate(keep);
+        calls
     }
 
     /// Posts every queued slot to `srq` as lists. Returns how many post calls it made.
@@ -92,7 +266,7 @@ impl RecvSlots {
             }
             let slots = &self.repost[start..];
             let wrs: [RecvWr<'_>; POST_CHUNK] = std::array::from_fn(|i| RecvWr {
-                wr_id: wrid::encode(WrKind::Recv, slots.get(i).copied().unwrap_or(0)),
+                wr_id: wrid::recv(slots.get(i).copied().unwrap_or(0)),
                 sges: std::slice::from_ref(&sges[i]),
             });
             let result = srq.post_recv(&wrs[..n]);
@@ -102,6 +276,9 @@ impl RecvSlots {
                 Err(e) => e.failed_index,
             };
             // Posted from the front of the chunk: keep the failed tail queued.
+            for &slot in &self.repost[start..start + done] {
+                self.state[slot as usize] = SlotState::Posted;
+            }
             self.repost.drain(start..start + done);
             self.posted += done as u32;
             result?;

@@ -2,39 +2,77 @@
 //!
 //! A request is born when a capsule arrives and a request object is free, lives while the layer
 //! above moves its data (RDMA READ) and answers it (RDMA WRITE + SEND), and dies at `finish`.
-//! Receive slots and request objects are separate pools: a host may send its next command as
-//! soon as it sees a response, before that response's SEND completion is reaped here.
+//! Its life is `RequestState`; each chain it posts is stored in it (`chain.rs`) and waits, in
+//! FIFO order on its qpair, for send-queue and RDMA READ room; a request waiting for data
+//! buffers waits in the group's FIFO and hears `Handler::buffers_ready` when its turn comes.
+//!
+//! When its qpair goes, a request is marked aborted and the handler hears `aborted`, but its
+//! buffers and capsule slot stay its own until the layer above calls `finish` (an I/O may still
+//! be writing into them). Receive slots and request objects are separate pools: a host may send
+//! its next command as soon as it sees a response, before that response's SEND completion is
+//! reaped here.
 
 use crate::error::{Result, TransportError};
-use crate::types::{SendFlags, SendOp, Sge, WcStatus};
+use crate::types::{Sge, WcStatus};
 
-use super::qpair::{MAX_WR_SGES, QpairPhase, QueuedWr};
+use super::PollGroup;
+use super::chain::{ChainWr, MAX_CHAIN_SGES};
+use super::lifecycle::QpairEvent;
+use super::qpair::{QpRef, QpairPhase, live_mut};
 use super::wrid::{self, WrKind};
-use super::{MAX_CHAIN, PollGroup, lifecycle::QpairEvent};
 
-/// Names a request object (an index into the group's slab).
+/// Names a request object: slab index and generation, so a stale id never reaches a reused
+/// object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ReqId(pub(crate) u32);
+pub struct ReqId {
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+}
 
 impl ReqId {
     pub fn index(self) -> u32 {
-        self.0
+        self.index
     }
 }
 
 const NO_SLOT: u32 = u32::MAX;
+/// Most data buffers one request holds.
+pub const MAX_REQUEST_BUFFERS: usize = MAX_CHAIN_SGES;
+
+/// Where a request is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestState {
+    /// With the layer above (parsing, block I/O, deciding what to post next).
+    Idle,
+    /// In the group's FIFO for data buffers.
+    WaitingBuffers,
+    /// Its chain waits in its qpair's FIFO for send-queue / READ room.
+    WaitingToPost,
+    /// Its chain is on the send queue.
+    Posted,
+}
 
 /// A request object: transport bookkeeping plus the layer above's own state `R`.
 pub struct Request<R> {
     qp_num: u32,
+    pub(crate) qpair: QpRef,
     /// The receive slot holding the capsule, until released.
     slot: u32,
-    bufs: [u32; MAX_WR_SGES],
+    bufs: [u32; MAX_REQUEST_BUFFERS],
     nbufs: u8,
-    /// WRs of the chain in flight not yet completed.
-    chain_left: u32,
-    chain_status: WcStatus,
-    answered: bool,
+    /// Buffers asked for while waiting.
+    want_bufs: u8,
+    pub(crate) state: RequestState,
+    /// Its qpair went: no more callbacks but `finish` frees it.
+    aborted: bool,
+    /// `finish` was called while the chain was on the send queue: freed when it completes.
+    finishing: bool,
+    /// The command's depth slot went back (its answer was posted, or it was finished).
+    depth_released: bool,
+    /// The chain in storage answers the command.
+    answers: bool,
+    /// Host side: born by `submit`; over when its SEND and its response are both in.
+    pub(crate) host: Option<HostProgress>,
     pub user: R,
 }
 
@@ -42,52 +80,99 @@ impl<R> Request<R> {
     pub fn qp_num(&self) -> u32 {
         self.qp_num
     }
+    pub fn state(&self) -> RequestState {
+        self.state
+    }
+    pub fn aborted(&self) -> bool {
+        self.aborted
+    }
     pub fn chain_in_flight(&self) -> bool {
-        self.chain_left > 0
+        matches!(
+            self.state,
+            RequestState::Posted | RequestState::WaitingToPost
+        )
+    }
+    pub fn buffer_count(&self) -> usize {
+        self.nbufs as usize
+    }
+    pub(crate) fn want_bufs_left(&self) -> usize {
+        (self.want_bufs as usize).saturating_sub(self.nbufs as usize)
     }
 }
 
-/// One work request of a chain posted for a request.
-#[derive(Clone, Copy, Debug)]
-pub struct ChainWr<'a> {
-    pub kind: WrKind,
-    pub op: SendOp,
-    pub sges: &'a [Sge],
-    /// Copy the payload into the WR (small SENDs).
-    pub inline: bool,
+/// A host request's two halves.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HostProgress {
+    pub send_done: bool,
+    pub response: bool,
+    pub reported: bool,
 }
 
-/// What the layer above (target or tests) does with what the poll group reaps.
+/// What `alloc_buffers` did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferGrant {
+    /// The buffers are the request's now.
+    Ready,
+    /// Too few free: the request waits its turn (FIFO) and the handler hears `buffers_ready`.
+    Waiting,
+}
+
+/// What the layer above (target, initiator, tests) does with what the poll group reaps.
 pub trait Handler<R> {
-    /// A capsule arrived on qpair `qp_num` and got request `req`; `pg.capsule(req)` holds it.
+    /// A capsule arrived and got request `req`; `pg.capsule(req)` holds it.
     fn capsule(&mut self, pg: &mut PollGroup<R>, req: ReqId);
-    /// The chain posted for `req` finished: `Success`, or the first error of its WRs.
+    /// The chain posted for `req` finished: `Success`, or the first error of its WRs. `last` is
+    /// the kind of its last WR (READ: the data is in; SEND: the answer went).
     fn chain_done(&mut self, pg: &mut PollGroup<R>, req: ReqId, last: WrKind, status: WcStatus);
-    /// A qpair moved on. Before `Gone`, requests still alive on it are reported to `aborted`
-    /// and freed.
+    /// A qpair moved on. Before `Gone`, requests still alive on it are reported to `aborted`.
     fn qpair_event(&mut self, pg: &mut PollGroup<R>, qp_num: u32, token: u64, event: QpairEvent);
-    /// `req` is freed by the poll group (its qpair is gone); forget it.
-    fn aborted(&mut self, _pg: &mut PollGroup<R>, _req: ReqId) {}
+    /// `req`'s qpair is gone. No other callback comes for it; its buffers and capsule stay
+    /// valid until the layer above calls `pg.finish(req)` (once its own I/O is over).
+    fn aborted(&mut self, pg: &mut PollGroup<R>, req: ReqId);
+    /// The buffers `req` waited for are its own now.
+    fn buffers_ready(&mut self, pg: &mut PollGroup<R>, req: ReqId);
+    /// Host side: a capsule (a response: the 16-byte CQE first) arrived on `qp_num`. The
+    /// initiator matches its CID and calls `pg.response_received(req)`; the bytes are valid
+    /// during this call only.
+    fn response(&mut self, _pg: &mut PollGroup<R>, qp_num: u32, capsule: &[u8]) {
+        tracing::warn!(
+            qp_num,
+            len = capsule.len(),
+            "response capsule with no handler"
+        );
+    }
+    /// Host side: `req`'s command SEND completed and its response arrived (in either order),
+    /// or its SEND failed (`status`). The request is the initiator's to `finish`.
+    fn request_complete(&mut self, pg: &mut PollGroup<R>, req: ReqId, _status: WcStatus) {
+        pg.finish(req);
+    }
+    /// The group's CQ failed: every qpair is being torn down and the group takes no more
+    /// work. Its requests are reported to `aborted` as their qpairs go.
+    fn group_failed(&mut self, _pg: &mut PollGroup<R>, error: &str) {
+        tracing::error!(error, "poll group failed");
+    }
 }
 
 impl<R> PollGroup<R> {
     pub fn request(&self, req: ReqId) -> Option<&Request<R>> {
-        self.reqs.get(req.0 as usize)
+        self.reqs
+            .get(req.index as usize)
+            .filter(|_| self.req_generation[req.index as usize] == req.generation)
     }
 
     pub fn request_mut(&mut self, req: ReqId) -> Option<&mut Request<R>> {
-        self.reqs.get_mut(req.0 as usize)
+        let live = self.req_generation.get(req.index as usize) == Some(&req.generation);
+        self.reqs.get_mut(req.index as usize).filter(|_| live)
     }
 
-    fn req_ref(&self, req: ReqId) -> Result<&Request<R>> {
-        self.reqs
-            .get(req.0 as usize)
+    fn live(&mut self, req: ReqId) -> Result<&mut Request<R>> {
+        self.request_mut(req)
             .ok_or_else(|| TransportError::InvalidArgument(format!("no request {req:?}")))
     }
 
     /// The capsule bytes (SQE + in-capsule data) of `req`, empty once released.
     pub fn capsule(&self, req: ReqId) -> &[u8] {
-        match self.reqs.get(req.0 as usize) {
+        match self.request(req) {
             Some(r) if r.slot != NO_SLOT => self.recv.bytes(r.slot),
             _ => &[],
         }
@@ -95,50 +180,87 @@ impl<R> PollGroup<R> {
 
     /// Done with the capsule bytes: the slot goes back to the SRQ at the end of this poll.
     pub fn release_capsule(&mut self, req: ReqId) {
-        if let Some(r) = self.reqs.get_mut(req.0 as usize) {
-            if r.slot != NO_SLOT {
-                self.recv.queue_repost(r.slot);
-                r.slot = NO_SLOT;
-            }
+        let Some(r) = self.request_mut(req) else {
+            return;
+        };
+        let slot = std::mem::replace(&mut r.slot, NO_SLOT);
+        if slot != NO_SLOT {
+            self.recv.release(slot);
         }
     }
 
-    /// Gives `req` enough data buffers for `len` bytes. Err when too few are free now (retry
-    /// after other requests finish) or `len` needs more than MAX_WR_SGES buffers.
-    pub fn alloc_buffers(&mut self, req: ReqId, len: u32) -> Result<()> {
+    /// Gives `req` enough data buffers for `len` bytes, or parks it in the group's FIFO
+    /// (`Waiting`; the handler hears `buffers_ready`). Err for a length beyond
+    /// MAX_REQUEST_BUFFERS units, an aborted request, or one already waiting.
+    pub fn alloc_buffers(&mut self, req: ReqId, len: u32) -> Result<BufferGrant> {
         let unit = self.bufs.unit();
         let need = len.div_ceil(unit) as usize;
-        if need > MAX_WR_SGES {
+        if need > MAX_REQUEST_BUFFERS || need > self.cfg.data_buffers as usize {
             return Err(TransportError::InvalidArgument(format!(
-                "{len} bytes need {need} buffers, max {MAX_WR_SGES}"
+                "{len} bytes need {need} buffers, max {}",
+                MAX_REQUEST_BUFFERS.min(self.cfg.data_buffers as usize)
             )));
         }
-        let r = self
-            .reqs
-            .get_mut(req.0 as usize)
-            .ok_or(TransportError::InvalidArgument("no such request".into()))?;
-        if r.nbufs as usize >= need {
-            return Ok(());
+        let queue_empty = self.buf_wait.is_empty();
+        let available = self.bufs.available() as usize;
+        let r = self.live(req)?;
+        if r.aborted || r.state != RequestState::Idle {
+            return Err(TransportError::InvalidArgument(format!(
+                "{req:?} cannot take buffers now ({:?}, aborted {})",
+                r.state, r.aborted
+            )));
         }
-        if self.bufs.available() < (need - r.nbufs as usize) as u32 {
-            return Err(TransportError::QueueFull("data buffer pool"));
+        let have = r.nbufs as usize;
+        if have >= need {
+            return Ok(BufferGrant::Ready);
         }
+        if queue_empty && available >= need - have {
+            self.take_buffers(req.index, need);
+            return Ok(BufferGrant::Ready);
+        }
+        r.want_bufs = need as u8;
+        r.state = RequestState::WaitingBuffers;
+        self.buf_wait.push_back(&mut self.req_links, req.index);
+        self.stats.buffer_waits += 1;
+        Ok(BufferGrant::Waiting)
+    }
+
+    fn take_buffers(&mut self, index: u32, need: usize) {
+        let r = &mut self.reqs[index as usize];
         while (r.nbufs as usize) < need {
             r.bufs[r.nbufs as usize] = self.bufs.get().expect("checked available");
             r.nbufs += 1;
         }
-        Ok(())
+    }
+
+    /// Requests waiting for buffers, served in order while the head's need can be met.
+    pub(crate) fn serve_buffer_waiters<H: Handler<R>>(&mut self, h: &mut H) {
+        while let Some(index) = self.buf_wait.front() {
+            let r = &self.reqs[index as usize];
+            if (self.bufs.available() as usize) < r.want_bufs_left() {
+                break;
+            }
+            self.buf_wait.pop_front(&mut self.req_links);
+            let need = r.want_bufs as usize;
+            self.take_buffers(index, need);
+            self.reqs[index as usize].state = RequestState::Idle;
+            let req = ReqId {
+                index,
+                generation: self.req_generation[index as usize],
+            };
+            h.buffers_ready(self, req);
+        }
     }
 
     /// SGEs covering the first `len` bytes of `req`'s buffers; returns how many were written.
-    pub fn buffer_sges(&self, req: ReqId, len: u32, out: &mut [Sge; MAX_WR_SGES]) -> usize {
-        let Some(r) = self.reqs.get(req.0 as usize) else {
+    pub fn buffer_sges(&self, req: ReqId, len: u32, out: &mut [Sge]) -> usize {
+        let Some(r) = self.request(req) else {
             return 0;
         };
         let unit = self.bufs.unit();
         let mut left = len;
         let mut n = 0;
-        while left > 0 && n < r.nbufs as usize {
+        while left > 0 && n < r.nbufs as usize && n < out.len() {
             let take = left.min(unit);
             out[n] = self.bufs.sge(r.bufs[n], 0, take);
             left -= take;
@@ -149,14 +271,14 @@ impl<R> PollGroup<R> {
 
     /// Buffer `i` of `req` (io_unit_size bytes).
     pub fn buffer(&self, req: ReqId, i: usize) -> &[u8] {
-        match self.reqs.get(req.0 as usize) {
+        match self.request(req) {
             Some(r) if i < r.nbufs as usize => self.bufs.bytes(r.bufs[i]),
             _ => &[],
         }
     }
 
     pub fn buffer_mut(&mut self, req: ReqId, i: usize) -> &mut [u8] {
-        match self.reqs.get(req.0 as usize) {
+        match self.request(req) {
             Some(r) if i < r.nbufs as usize => {
                 let b = r.bufs[i];
                 self.bufs.bytes_mut(b)
@@ -165,175 +287,220 @@ impl<R> PollGroup<R> {
         }
     }
 
-    /// Queues a chain of WRs for `req` (posted as a list at the end of the poll; the last one
-    /// is signaled, the others are not). `answers` marks the chain as the command's response:
-    /// the host may send another command from now on, so the qpair's flow-control count drops.
+    /// Posts a chain of WRs for `req`: up to MAX_CHAIN_WRS, the last signaled. It is copied
+    /// into the request and goes on the send queue at the end of the poll, as soon as its
+    /// qpair has send-queue and RDMA READ room (FIFO per qpair; no retry by the caller).
+    /// `answers` marks the chain as the command's response: its depth slot goes back when it
+    /// is posted. On a draining qpair the chain completes with `WrFlushErr`. Err: bad chain,
+    /// one already in flight, or an aborted request.
     pub fn post_chain(&mut self, req: ReqId, chain: &[ChainWr<'_>], answers: bool) -> Result<()> {
-        let r = self.req_ref(req)?;
-        if r.chain_left > 0 {
+        let max_inline = self.max_inline;
+        let r = self.live(req)?;
+        if r.aborted {
             return Err(TransportError::InvalidArgument(format!(
-                "{req:?} already has a chain in flight"
+                "{req:?} was aborted: its qpair is gone"
             )));
         }
-        if chain.is_empty() || chain.len() > MAX_CHAIN as usize {
+        if r.state != RequestState::Idle {
             return Err(TransportError::InvalidArgument(format!(
-                "a chain has 1..={MAX_CHAIN} work requests"
+                "{req:?} is {:?}: one chain at a time",
+                r.state
             )));
         }
-        if answers && r.answered {
+        if answers && r.depth_released {
             return Err(TransportError::InvalidArgument(format!(
                 "{req:?} was already answered"
             )));
         }
-        let qp_num = r.qp_num;
-        let max_inline = self.max_inline;
-        let mut queued = [None; MAX_CHAIN as usize];
-        for (i, wr) in chain.iter().enumerate() {
-            let mut flags = if i + 1 == chain.len() {
-                SendFlags::SIGNALED
-            } else {
-                SendFlags::empty()
-            };
-            let payload: u32 = wr.sges.iter().map(|s| s.length).sum();
-            if wr.inline && payload <= max_inline {
-                flags |= SendFlags::INLINE;
-            }
-            queued[i] = Some(
-                QueuedWr::new(wrid::encode(wr.kind, req.0), wr.op, wr.sges, flags).ok_or_else(
-                    || TransportError::InvalidArgument(format!("more than {MAX_WR_SGES} SGEs")),
-                )?,
-            );
-        }
-        let ok = self.with_qpair(qp_num, |st| {
-            for q in queued.iter().flatten() {
-                st.queued.push(*q);
-            }
-            st.chain_posted(chain.len() as u32);
-            if answers {
-                st.outstanding = st.outstanding.saturating_sub(1);
-            }
-            let first = !st.dirty;
-            st.dirty = true;
-            first
-        });
-        match ok {
-            Some(first) => {
-                if first {
-                    self.dirty.push(qp_num);
-                }
-            }
-            None => {
-                return Err(TransportError::InvalidArgument(format!(
-                    "{req:?}'s qpair {qp_num:#x} is gone"
-                )));
-            }
-        }
-        let r = self.reqs.get_mut(req.0 as usize).expect("checked above");
-        r.chain_left = chain.len() as u32;
-        r.chain_status = WcStatus::Success;
-        r.answered |= answers;
+        self.chains[req.index as usize].set(chain, max_inline)?;
+        let r = self.live(req)?;
+        r.answers = answers;
+        r.state = RequestState::WaitingToPost;
+        let qref = r.qpair;
+        let q =
+            live_mut(&mut self.qpairs, qref).expect("a request that is not aborted has its qpair");
+        q.to_post.push_back(&mut self.req_links, req.index);
+        self.mark_dirty(qref);
         Ok(())
     }
 
-    /// The request is over: its buffers, capsule slot and object go back. A request that was
-    /// never answered still counts against its qpair's depth until here.
+    /// The request is over: its buffers, capsule slot and object go back. Called once per
+    /// request, aborted ones included. A chain still on the send queue of a live qpair is
+    /// let finish first (the device may still read or write the buffers).
     pub fn finish(&mut self, req: ReqId) {
-        let Some(r) = self.reqs.try_remove(req.0 as usize) else {
+        let Some(r) = self.request_mut(req) else {
             return;
         };
+        match r.state {
+            RequestState::Posted if !r.aborted => {
+                r.finishing = true;
+                return;
+            }
+            RequestState::WaitingBuffers => {
+                self.buf_wait.unlink(&mut self.req_links, req.index);
+            }
+            RequestState::WaitingToPost => {
+                let qref = r.qpair;
+                if let Some(q) = live_mut(&mut self.qpairs, qref) {
+                    q.to_post.unlink(&mut self.req_links, req.index);
+                }
+            }
+            _ => {}
+        }
+        self.free(req.index);
+    }
+
+    pub(crate) fn free(&mut self, index: u32) {
+        let r = self.reqs.remove(index as usize);
         for &b in &r.bufs[..r.nbufs as usize] {
             self.bufs.put(b);
         }
         if r.slot != NO_SLOT {
-            self.recv.queue_repost(r.slot);
+            self.recv.release(r.slot);
         }
-        let answered = r.answered;
-        self.with_qpair(r.qp_num, |st| {
-            st.requests -= 1;
-            if !answered {
-                st.outstanding = st.outstanding.saturating_sub(1);
+        if !r.aborted {
+            if let Some(q) = self.qpair_at_mut(r.qpair) {
+                q.requests -= 1;
+                if !r.depth_released {
+                    q.outstanding = q.outstanding.saturating_sub(1);
+                }
             }
-        });
+        }
     }
 
-    /// A new request for a capsule in `slot` on `qp_num`, or None when the slab is full.
-    pub(crate) fn new_request(&mut self, qp_num: u32, slot: u32) -> Option<ReqId>
+    /// A new request for a capsule in `slot` on qpair `qref`, or None when the slab is full.
+    pub(crate) fn new_request(&mut self, qref: QpRef, slot: u32) -> Option<ReqId>
     where
         R: Default,
     {
         if self.reqs.len() >= self.cfg.max_requests as usize {
             return None;
         }
-        let idx = self.reqs.insert(Request {
+        let qp_num = {
+            let q = self.qpair_at_mut(qref)?;
+            q.requests += 1;
+            q.qp_num
+        };
+        let entry = self.reqs.vacant_entry();
+        let index = entry.key() as u32;
+        entry.insert(Request {
             qp_num,
+            qpair: qref,
             slot,
-            bufs: [0; MAX_WR_SGES],
+            bufs: [0; MAX_REQUEST_BUFFERS],
             nbufs: 0,
-            chain_left: 0,
-            chain_status: WcStatus::Success,
-            answered: false,
+            want_bufs: 0,
+            state: RequestState::Idle,
+            aborted: false,
+            finishing: false,
+            depth_released: false,
+            answers: false,
+            host: None,
             user: R::default(),
         });
-        self.with_qpair(qp_num, |st| st.requests += 1);
-        Some(ReqId(idx as u32))
+        let g = &mut self.req_generation[index as usize];
+        *g = wrid::next_generation(*g);
+        Some(ReqId {
+            index,
+            generation: *g,
+        })
     }
 
-    /// A WR of `req`'s chain completed. Returns the chain's final status once it is over.
-    pub(crate) fn chain_progress(
-        &mut self,
-        req: ReqId,
-        qp_num: u32,
-        status: WcStatus,
-    ) -> Option<WcStatus> {
-        let r = self.reqs.get_mut(req.0 as usize)?;
-        if r.qp_num != qp_num || r.chain_left == 0 {
-            return None;
-        }
-        if status == WcStatus::Success {
-            // A signaled success covers every WR of the run before it.
-            r.chain_left = 0;
-        } else {
-            if r.chain_status == WcStatus::Success {
-                r.chain_status = status;
+    /// `req`'s chain is on the QP: its depth slot goes back if it answers the command.
+    pub(crate) fn chain_posted(&mut self, index: u32) {
+        let r = &mut self.reqs[index as usize];
+        r.state = RequestState::Posted;
+        self.chains[index as usize].all_posted();
+        if r.answers && !r.depth_released {
+            r.depth_released = true;
+            let qref = r.qpair;
+            if let Some(q) = self.qpair_at_mut(qref) {
+                q.outstanding = q.outstanding.saturating_sub(1);
             }
-            r.chain_left -= 1;
         }
-        (r.chain_left == 0).then_some(r.chain_status)
     }
 
-    /// Frees every request still alive on `qp_num`, telling the handler first.
-    pub(crate) fn abort_requests<H: Handler<R>>(&mut self, h: &mut H, qp_num: u32) {
-        let ids: Vec<usize> = self
+    /// `req`'s chain is over: hand it up (or free it, when `finish` came early).
+    pub(crate) fn chain_over<H: Handler<R>>(&mut self, h: &mut H, index: u32) {
+        let r = &mut self.reqs[index as usize];
+        r.state = RequestState::Idle;
+        if r.finishing {
+            self.free(index);
+            return;
+        }
+        let chain = &self.chains[index as usize];
+        let (last, status) = (chain.last_kind(), chain.status());
+        let req = ReqId {
+            index,
+            generation: self.req_generation[index as usize],
+        };
+        if let Some(p) = r.host.as_mut() {
+            if last == WrKind::Send {
+                p.send_done = true;
+                if status != WcStatus::Success || p.response {
+                    p.reported = true;
+                    h.request_complete(self, req, status);
+                }
+                return;
+            }
+        }
+        h.chain_done(self, req, last, status);
+    }
+
+    /// Every request alive on `qref` (which is going): marked aborted, taken out of the
+    /// FIFOs, reported. They are freed by `finish`, or here when `finish` came already.
+    pub(crate) fn abort_requests<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef) {
+        let ids: Vec<u32> = self
             .reqs
             .iter()
-            .filter(|(_, r)| r.qp_num == qp_num)
-            .map(|(i, _)| i)
+            .filter(|(_, r)| r.qpair == qref && !r.aborted)
+            .map(|(i, _)| i as u32)
             .collect();
-        for i in ids {
-            h.aborted(self, ReqId(i as u32));
-            self.finish(ReqId(i as u32));
+        for index in ids {
+            let r = &mut self.reqs[index as usize];
+            r.aborted = true;
+            let finishing = r.finishing;
+            if r.state == RequestState::WaitingBuffers {
+                self.buf_wait.unlink(&mut self.req_links, index);
+            }
+            // The qpair's FIFO dies with it; its QP (and its DMA) is destroyed.
+            self.reqs[index as usize].state = RequestState::Idle;
+            self.stats.requests_aborted += 1;
+            if finishing {
+                self.free(index);
+                continue;
+            }
+            let req = ReqId {
+                index,
+                generation: self.req_generation[index as usize],
+            };
+            h.aborted(self, req);
         }
     }
 
-    /// Whether `qp_num` is in the tree and active (or still connecting).
+    /// The phase of `qp_num`, None when it is not in the group (one tree lookup).
     pub fn qpair_phase(&self, qp_num: u32) -> Option<QpairPhase> {
-        self.tree.find(&qp_num).get().map(|q| q.st.borrow().phase)
+        let qref = self.lookup(qp_num)?;
+        self.qpair_at(qref).map(|q| q.phase)
     }
 
-    /// The layer above's token for `qp_num`.
+    /// The layer above's token for `qp_num` (one tree lookup).
     pub fn qpair_token(&self, qp_num: u32) -> Option<u64> {
-        self.tree.find(&qp_num).get().map(|q| q.st.borrow().token)
+        let qref = self.lookup(qp_num)?;
+        self.qpair_at(qref).map(|q| q.token)
     }
 
-    /// Runs `f` on `qp_num`'s state; None when it is not in the tree.
-    pub(crate) fn with_qpair<T>(
-        &self,
-        qp_num: u32,
-        f: impl FnOnce(&mut super::qpair::QpairState) -> T,
-    ) -> Option<T> {
-        self.tree
-            .find(&qp_num)
-            .get()
-            .map(|q| f(&mut q.st.borrow_mut()))
+    /// Send-queue WRs and RDMA READs in flight on `qp_num` now, and their high-water marks:
+    /// (sq_used, sq_high_water, reads_in_flight, reads_high_water).
+    pub fn qpair_send_usage(&self, qp_num: u32) -> Option<(u32, u32, u32, u32)> {
+        let qref = self.lookup(qp_num)?;
+        self.qpair_at(qref).map(|q| {
+            (
+                q.sq_used,
+                q.sq_high_water,
+                q.reads_in_flight,
+                q.reads_high_water,
+            )
+        })
     }
 }

@@ -28,6 +28,27 @@ pub struct PollGroupStats {
     pub drained_last_wqe: u64,
     pub drained_flush: u64,
     pub drained_timeout: u64,
+    /// RB-tree lookups (qp_num -> qpair): one per receive completion, plus control-path calls.
+    pub tree_lookups: u64,
+    /// Completions dropped because their request or qpair generation was stale (the object
+    /// was reused or is gone).
+    pub stale_completions: u64,
+    /// Completions whose opcode does not fit their wr_id's kind (dropped).
+    pub kind_mismatches: u64,
+    /// Receive completions for a slot that was not posted (dropped, slot left alone).
+    pub recv_slot_errors: u64,
+    /// LAST_WQE_REACHED for a qpair that is neither draining nor in ERR (ignored).
+    pub last_wqe_ignored: u64,
+    /// End-of-poll posts that stopped at a chain without send-queue or RDMA READ room (it
+    /// waits in its qpair's FIFO).
+    pub post_stalls: u64,
+    /// Requests that waited for data buffers.
+    pub buffer_waits: u64,
+    /// Requests aborted because their qpair went.
+    pub requests_aborted: u64,
+    /// Send-side post calls, and WRs posted by them.
+    pub send_post_calls: u64,
+    pub send_wrs_posted: u64,
     /// Receive slots re-posted to the SRQ, and post calls (lists) used for them.
     pub recvs_posted: u64,
     pub recv_post_calls: u64,

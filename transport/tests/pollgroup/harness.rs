@@ -24,6 +24,16 @@ pub struct Counting {
     pub held: Vec<ReqId>,
     pub events: Vec<(u32, QpairEvent)>,
     pub aborted: u64,
+    /// Keep aborted requests (an "I/O in flight" the layer above must finish later).
+    pub keep_aborted: bool,
+    pub kept: Vec<ReqId>,
+    /// Chains that ended, by status.
+    pub chains_ok: u64,
+    pub chains_failed: u64,
+    /// Requests finished (each request must end exactly once: finish or abort+finish).
+    pub finished: u64,
+    /// `group_failed` calls.
+    pub group_failures: Vec<String>,
 }
 
 impl Handler<()> for Counting {
@@ -45,7 +55,13 @@ impl Handler<()> for Counting {
         answer(pg, req);
     }
 
-    fn chain_done(&mut self, pg: &mut PollGroup<()>, req: ReqId, _last: WrKind, _status: WcStatus) {
+    fn chain_done(&mut self, pg: &mut PollGroup<()>, req: ReqId, _last: WrKind, status: WcStatus) {
+        if status == WcStatus::Success {
+            self.chains_ok += 1;
+        } else {
+            self.chains_failed += 1;
+        }
+        self.finished += 1;
         pg.finish(req);
     }
 
@@ -59,22 +75,40 @@ impl Handler<()> for Counting {
         self.events.push((qp_num, event));
     }
 
-    fn aborted(&mut self, _pg: &mut PollGroup<()>, req: ReqId) {
+    fn aborted(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
         self.aborted += 1;
         self.held.retain(|&r| r != req);
+        if self.keep_aborted {
+            self.kept.push(req);
+        } else {
+            self.finished += 1;
+            pg.finish(req);
+        }
+    }
+
+    fn buffers_ready(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
+        post_answer(pg, req);
+    }
+
+    fn group_failed(&mut self, _pg: &mut PollGroup<()>, error: &str) {
+        self.group_failures.push(error.to_string());
     }
 }
 
 /// Answers `req` with a 16-byte response SEND from its data buffer.
 pub fn answer(pg: &mut PollGroup<()>, req: ReqId) {
-    pg.alloc_buffers(req, 16).expect("a data buffer");
+    if pg.alloc_buffers(req, 16).expect("a data buffer") == BufferGrant::Ready {
+        post_answer(pg, req);
+    }
+}
+
+fn post_answer(pg: &mut PollGroup<()>, req: ReqId) {
     pg.buffer_mut(req, 0)[..16].fill(0x5a);
     let mut sges = [Sge::default(); MAX_WR_SGES];
     let n = pg.buffer_sges(req, 16, &mut sges);
     pg.post_chain(
         req,
         &[ChainWr {
-            kind: WrKind::Send,
             op: SendOp::Send,
             sges: &sges[..n],
             inline: true,
@@ -132,7 +166,7 @@ impl Rig {
             let mut hq = fx.qp(&pd, &cq, &cq, None);
             let mut tq = pg.create_qp().expect("pg qp");
             fx.connect(&mut hq, &mut tq, rnr_retry);
-            let qpn = pg.add_qp(tq, depth, i as u64).expect("add qp");
+            let qpn = pg.add_qp(tq, depth, 16, i as u64).expect("add qp");
             h.expect.insert(qpn, i as u32);
             pg_qpn.push(qpn);
             qps.push(hq);

@@ -1,0 +1,117 @@
+//! The host personality against the target one, both poll groups on one device: the host's
+//! qpairs use their own receive queues, requests are born by `submit`, and a request completes
+//! only when both its SEND completion and its response are in.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use nvmf_transport::pollgroup::*;
+use nvmf_transport::*;
+
+use crate::fixture::{Flavor, Fx, patience};
+use crate::script::{OP_SEND, Scripted};
+
+#[derive(Default)]
+struct Initiator {
+    by_seq: HashMap<u32, ReqId>,
+    responded: HashSet<ReqId>,
+    completed: Vec<u32>,
+    early: u64,
+}
+
+impl Handler<()> for Initiator {
+    fn capsule(&mut self, _: &mut PollGroup<()>, _: ReqId) {
+        panic!("a host group never makes requests from capsules");
+    }
+    fn chain_done(&mut self, _: &mut PollGroup<()>, _: ReqId, _: WrKind, _: WcStatus) {
+        panic!("a host request's SEND completes through request_complete");
+    }
+    fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
+    fn aborted(&mut self, pg: &mut PollGroup<()>, req: ReqId) {
+        pg.finish(req);
+    }
+    fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
+    fn response(&mut self, pg: &mut PollGroup<()>, _qp_num: u32, capsule: &[u8]) {
+        let seq = u32::from_le_bytes(capsule[..4].try_into().unwrap());
+        let req = self
+            .by_seq
+            .remove(&seq)
+            .expect("a response for a command in flight");
+        self.responded.insert(req);
+        pg.response_received(req).unwrap();
+    }
+    fn request_complete(&mut self, pg: &mut PollGroup<()>, req: ReqId, status: WcStatus) {
+        assert_eq!(status, WcStatus::Success);
+        if !self.responded.remove(&req) {
+            self.early += 1;
+        }
+        let seq = u32::from_le_bytes(pg.buffer(req, 0)[4..8].try_into().unwrap());
+        self.completed.push(seq);
+        pg.finish(req);
+    }
+}
+
+pub fn host_group_round_trips(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let cfg = crate::chains::cfg(1);
+    let mut target = PollGroup::<()>::new(&fx.ctx, cfg.clone()).unwrap();
+    let mut host =
+        PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::PerQpair { recvs: 16 }).unwrap();
+    assert!(host.srq().is_none());
+    let mut tq = target.create_qp().unwrap();
+    let mut hq = host.create_qp().unwrap();
+    fx.connect(&mut hq, &mut tq, 7);
+    let depth = 8;
+    target.add_qp(tq, depth, 16, 0).unwrap();
+    let hqpn = host.add_qp(hq, depth, 16, 0).unwrap();
+    let handle = host.qpair_handle(hqpn).unwrap();
+    let mut t = Scripted::default();
+    let mut i = Initiator::default();
+    let rounds = 5u32;
+    for round in 0..rounds {
+        // A full queue: one more is refused.
+        for k in 0..depth {
+            let seq = round * depth + k;
+            let req = host.submit(handle).unwrap();
+            assert_eq!(host.alloc_buffers(req, 64).unwrap(), BufferGrant::Ready);
+            let b = host.buffer_mut(req, 0);
+            b[..64].fill(0);
+            b[4..8].copy_from_slice(&seq.to_le_bytes());
+            b[8] = OP_SEND;
+            let mut sge = [Sge::default(); 1];
+            host.buffer_sges(req, 64, &mut sge);
+            host.post_chain(
+                req,
+                &[ChainWr {
+                    op: SendOp::Send,
+                    sges: &sge,
+                    inline: false,
+                }],
+                false,
+            )
+            .unwrap();
+            i.by_seq.insert(seq, req);
+        }
+        assert!(host.submit(handle).is_err(), "depth {depth} reached");
+        let want = ((round + 1) * depth) as usize;
+        let deadline = Instant::now() + patience();
+        while i.completed.len() < want || target.requests_in_use() > 0 {
+            let a = host.poll(&mut i).unwrap();
+            let b = target.poll(&mut t).unwrap();
+            if a + b == 0 {
+                assert!(Instant::now() < deadline, "host {:?}", host.stats());
+            }
+        }
+    }
+    let mut seen = i.completed.clone();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..rounds * depth).collect::<Vec<_>>());
+    assert_eq!(i.early, 0, "a request completed before its response");
+    assert_eq!(host.requests_in_use(), 0);
+    assert_eq!(host.buffers_free(), host.config().data_buffers);
+    // The host's receives are on its QP: 16 assigned, all posted again.
+    assert_eq!(host.recv_accounting().0, 16);
+    // The qpair goes: its slots return to the pool.
+    host.destroy_qpair(&mut i, hqpn);
+    assert_eq!(host.recv_accounting(), (0, 0, 0));
+}
