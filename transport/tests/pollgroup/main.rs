@@ -245,11 +245,12 @@ fn overrun(flavor: Flavor) {
 }
 
 macro_rules! pollgroup_suite {
-    ($module:ident, $flavor:expr) => {
+    ($module:ident, $flavor:expr $(, #[$attr:meta])*) => {
         mod $module {
             use crate::fixture::Flavor;
             const F: Flavor = $flavor;
             #[test]
+            $(#[$attr])*
             fn thousand_qpairs_attributed_by_qp_num() {
                 let n = std::env::var("NVMF_TEST_MANY_QPS")
                     .ok()
@@ -258,54 +259,67 @@ macro_rules! pollgroup_suite {
                 crate::attribution(F, n, 3)
             }
             #[test]
+            $(#[$attr])*
             fn orphan_receives_reposted_and_counted() {
                 crate::orphans(F)
             }
             #[test]
+            $(#[$attr])*
             fn drain_with_last_wqe_reached() {
                 crate::drain(F, true)
             }
             #[test]
+            $(#[$attr])*
             fn drain_without_last_wqe_reached_uses_fallback() {
                 crate::drain(F, false)
             }
             #[test]
+            $(#[$attr])*
             fn overrun_disconnects_only_that_qpair() {
                 crate::overrun(F)
             }
             #[test]
+            $(#[$attr])*
             fn write_ok_then_send_fails_drains_by_itself() {
                 crate::chains::write_ok_then_send_fails(F)
             }
             #[test]
+            $(#[$attr])*
             fn read_chain_errors_at_every_position() {
                 crate::chains::read_chain_errors_at_every_position(F)
             }
             #[test]
+            $(#[$attr])*
             fn partially_posted_chain_drains_by_itself() {
                 crate::chains::partially_posted_chain(F)
             }
             #[test]
+            $(#[$attr])*
             fn full_send_queue_waits_in_fifo_order() {
                 crate::chains::full_send_queue_waits_in_order(F)
             }
             #[test]
+            $(#[$attr])*
             fn read_depth_limit_never_exceeded() {
                 crate::chains::read_depth_limit(F)
             }
             #[test]
+            $(#[$attr])*
             fn abort_keeps_buffers_until_finish() {
                 crate::chains::abort_keeps_buffers_until_finish(F)
             }
             #[test]
+            $(#[$attr])*
             fn cq_error_fails_the_group() {
                 crate::chains::cq_error_fails_the_group(F)
             }
             #[test]
+            $(#[$attr])*
             fn host_group_completes_on_send_and_response() {
                 crate::host::host_group_round_trips(F)
             }
             #[test]
+            $(#[$attr])*
             fn stress_64_qpairs_with_faults() {
                 crate::stress::stress(F, 3)
             }
@@ -315,6 +329,7 @@ macro_rules! pollgroup_suite {
                 crate::stress::stress(F, crate::stress::long_secs())
             }
             #[test]
+            $(#[$attr])*
             fn last_wqe_for_healthy_qpair_ignored() {
                 crate::chains::last_wqe_for_healthy_qpair_ignored(F)
             }
@@ -324,4 +339,8 @@ macro_rules! pollgroup_suite {
 
 pollgroup_suite!(pollgroup_soft_inprocess, Flavor::SoftInProcess);
 pollgroup_suite!(pollgroup_soft_tcp, Flavor::SoftTcp);
-pollgroup_suite!(pollgroup_verbs, Flavor::Verbs);
+pollgroup_suite!(
+    pollgroup_verbs,
+    Flavor::Verbs,
+    #[ignore = "needs an RDMA device: run in the QEMU lab (tests/lab/guest-transport.sh)"]
+);

@@ -330,7 +330,7 @@ impl ScriptRig {
     pub fn cmd(&mut self, i: usize, cmd: Cmd, recv: bool) -> bool {
         let off = i * 64;
         let (rkey, addr) = (self.data.rkey(), self.data.addr());
-        let b = &mut self.mr.as_mut_slice()[off..off + 64];
+        let mut b = [0u8; 64];
         b[..4].copy_from_slice(&(i as u32).to_le_bytes());
         b[4..8].copy_from_slice(&cmd.seq.to_le_bytes());
         b[8] = cmd.op;
@@ -338,6 +338,7 @@ impl ScriptRig {
         b[10] = cmd.bad_at;
         b[12..16].copy_from_slice(&rkey.to_le_bytes());
         b[16..24].copy_from_slice(&addr.to_le_bytes());
+        self.mr.write_at(off, &b).expect("command in bounds");
         if recv {
             let slot = self.next_ring[i];
             self.next_ring[i] = (slot + 1) % RING;
@@ -374,7 +375,7 @@ impl ScriptRig {
                     let slot = (w.wr_id & 0xff) as usize;
                     let at = self.qps.len() * 64 + (i * RING + slot) * 64;
                     let seq =
-                        u32::from_le_bytes(self.mr.as_slice()[at..at + 4].try_into().unwrap());
+                        u32::from_le_bytes(self.mr.read_vec(at..at + 4).unwrap().try_into().unwrap());
                     self.answers[i].push(seq);
                 }
                 continue;
