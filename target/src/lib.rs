@@ -8,4 +8,7 @@
 //! Built so far: [`rdma`], the RDMA transport side (per-core poll groups on reactors, the
 //! acceptor thread, connection placement and event routing).
 
+#![deny(unsafe_code)]
+
+pub mod config;
 pub mod rdma;
