@@ -10,5 +10,6 @@
 
 #![deny(unsafe_code)]
 
+pub mod bdev;
 pub mod config;
 pub mod rdma;
