@@ -12,4 +12,5 @@
 
 pub mod bdev;
 pub mod config;
+pub mod nvme;
 pub mod rdma;

@@ -92,6 +92,18 @@ impl<'a, 'b> IoBuf<'a, 'b> {
         copied
     }
 
+    /// Copy `src` to the start (as much as fits) and zero everything after it: how a command
+    /// returning a data structure fills the host's buffer.
+    pub fn fill_from(&mut self, src: &[u8]) {
+        let mut src = src;
+        for seg in self.segs.iter_mut() {
+            let n = seg.len().min(src.len());
+            seg[..n].copy_from_slice(&src[..n]);
+            seg[n..].fill(0);
+            src = &src[n..];
+        }
+    }
+
     /// Zero the first `len` bytes.
     pub fn zero(&mut self, mut len: usize) {
         for seg in self.segs.iter_mut() {

@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
-pub use validate::validate;
+pub use validate::{parse_hex16, parse_uuid, validate};
 
 /// One problem in a configuration file, with where it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
