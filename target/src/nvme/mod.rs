@@ -10,6 +10,7 @@
 //! - `queue.rs`: [`Queue`], one qpair's command execution (Connect, Fabrics, dispatch).
 //! - `admin.rs`: admin commands; `io.rs`: NVM commands and [`ReactorIo`], a reactor's bdev
 //!   channels and in-flight I/O.
+//! - `xfer.rs`: the data plan of a command from its SGL.
 //! - `counters.rs`, `status.rs`: counters, status codes by name.
 //!
 //! # The execution interface (what the transport glue calls)
@@ -20,10 +21,11 @@
 //! `let mut q = Queue::new(target.clone(), &mut io, listener_addr, negotiated_depth);`
 //!
 //! Per capsule:
-//! 1. `data_direction(&sqe)` says which way data moves; the transport reads the SGL
-//!    (keyed, in-capsule offset, or a Last Segment list of keyed descriptors up to MSDBD),
-//!    gets buffers, and for [`Direction::HostToController`] RDMA READs the host's data in
-//!    first (in-capsule data is used in place).
+//! 1. `xfer::plan(&sqe, in_capsule_bytes, target.limits())` says which way data moves, how
+//!    much, and where: in the capsule (used in place) or behind keyed descriptors (SGL1, or a
+//!    Last Segment list of up to MSDBD keyed descriptors). `Err(status)`: answer with it.
+//!    The transport gets buffers and, for [`Direction::HostToController`], RDMA READs the
+//!    host's data in first.
 //! 2. `q.execute(&mut io, &sqe, &mut IoBuf::new(&mut segments), tag, now)` returns
 //!    - [`Exec::Done`]`(cqe)`: for [`Direction::ControllerToHost`] RDMA WRITE the buffer
 //!      (the SGL's length; the command filled all of it) then SEND the CQE;
@@ -50,6 +52,7 @@ mod queue;
 pub mod status;
 mod subsystem;
 mod target;
+pub mod xfer;
 
 #[cfg(test)]
 mod tests;
