@@ -3,7 +3,8 @@
 //! channel. No thread, no lock, and no syscall per I/O: SQEs are queued during `submit` and the
 //! ring is entered once per `poll`.
 //!
-//! - Read / Write: READV / WRITEV straight on the transport's buffers. With O_DIRECT, segments
+//! - Read / Write: READV / WRITEV straight on the transport's buffers; a FUA write carries
+//!   RWF_DSYNC, so it is durable when it completes. With O_DIRECT, segments
 //!   whose address or length is not a multiple of the block size go through an aligned bounce
 //!   buffer (allocated for that I/O; the poll group's buffers are aligned, so this is the
 //!   exception, e.g. in-capsule data).
@@ -383,13 +384,15 @@ impl FileChannel {
         }
     }
 
-    fn push_rw(&mut self, index: u32, write: bool, offset: u64) {
+    /// `rw_flags`: RWF_DSYNC for a FUA write.
+    fn push_rw(&mut self, index: u32, write: bool, offset: u64, rw_flags: i32) {
         let s = &self.slots[index as usize];
         let iov = s.submit.vecs.as_ptr();
         let n = s.submit.count as u32;
         let entry = if write {
             opcode::Writev::new(self.fd(), iov, n)
                 .offset(offset)
+                .rw_flags(rw_flags)
                 .build()
         } else {
             opcode::Readv::new(self.fd(), iov, n).offset(offset).build()
@@ -415,6 +418,7 @@ impl FileChannel {
     fn read_write(
         &mut self,
         write: bool,
+        fua: bool,
         lba: u64,
         blocks: u32,
         data: &mut IoBuf<'_, '_>,
@@ -447,7 +451,8 @@ impl FileChannel {
         } else {
             s.submit = host;
         }
-        self.push_rw(index, write, self.byte_offset(lba));
+        let flags = if fua { libc::RWF_DSYNC } else { 0 };
+        self.push_rw(index, write, self.byte_offset(lba), flags);
         self.settle(index)
     }
 
@@ -462,7 +467,7 @@ impl FileChannel {
         data.read_at(0, &mut s.expected);
         s.scratch = Some(AlignedBuf::new(bytes));
         self.submit_scratch(index, bytes);
-        self.push_rw(index, false, self.byte_offset(lba));
+        self.push_rw(index, false, self.byte_offset(lba), 0);
         self.settle(index)
     }
 
@@ -604,8 +609,10 @@ impl FileChannel {
 impl BdevChannel for FileChannel {
     fn submit(&mut self, op: BdevOp<'_>, data: &mut IoBuf<'_, '_>, tag: u64) -> Submitted {
         match op {
-            BdevOp::Read { lba, blocks } => self.read_write(false, lba, blocks, data, tag),
-            BdevOp::Write { lba, blocks } => self.read_write(true, lba, blocks, data, tag),
+            BdevOp::Read { lba, blocks } => self.read_write(false, false, lba, blocks, data, tag),
+            BdevOp::Write { lba, blocks } => self.read_write(true, false, lba, blocks, data, tag),
+            // RWF_DSYNC: the write and the metadata to read it back are durable at completion.
+            BdevOp::WriteFua { lba, blocks } => self.read_write(true, true, lba, blocks, data, tag),
             BdevOp::Compare { lba, blocks } => self.compare(lba, blocks, data, tag),
             BdevOp::WriteZeroes { lba, blocks } => {
                 self.zero_ranges(&[BlockRange { lba, blocks }], false, tag)

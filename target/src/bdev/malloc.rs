@@ -140,7 +140,7 @@ impl MallocChannel {
                     left -= n;
                 }
             }
-            BdevOp::Write { lba, blocks } => {
+            BdevOp::Write { lba, blocks } | BdevOp::WriteFua { lba, blocks } => {
                 let mut left = check_io(&self.info, lba, blocks, data.len())?;
                 let mut pos = self.offset(lba);
                 for seg in data.segments() {

@@ -76,6 +76,13 @@ pub enum BdevOp<'r> {
         /// Block count.
         blocks: u32,
     },
+    /// Write with Force Unit Access: durable when it completes.
+    WriteFua {
+        /// First block.
+        lba: u64,
+        /// Block count.
+        blocks: u32,
+    },
     /// Compare the buffer with `blocks` blocks at `lba`.
     Compare {
         /// First block.
@@ -295,6 +302,16 @@ pub(crate) mod testing {
         );
         assert!(back[..bs].iter().all(|b| *b == 0));
         assert_eq!(run(ch, BdevOp::Flush, &mut []), IoStatus::Success);
+        let mut fua = pattern.clone();
+        assert_eq!(
+            run(ch, BdevOp::WriteFua { lba: 4, blocks: 2 }, &mut fua),
+            IoStatus::Success
+        );
+        assert_eq!(
+            run(ch, BdevOp::Read { lba: 4, blocks: 2 }, &mut fua),
+            IoStatus::Success
+        );
+        assert_eq!(fua, pattern);
         // The last block is usable; one past it is not.
         let mut one = vec![9u8; bs];
         assert_eq!(

@@ -41,7 +41,7 @@ impl NullChannel {
                 let n = check_io(&self.info, lba, blocks, data.len())?;
                 data.zero(n);
             }
-            BdevOp::Write { lba, blocks } => {
+            BdevOp::Write { lba, blocks } | BdevOp::WriteFua { lba, blocks } => {
                 check_io(&self.info, lba, blocks, data.len())?;
             }
             BdevOp::Compare { lba, blocks } => {

@@ -216,6 +216,7 @@ impl Queue {
         // SLBA in CDW10/11 and NLB (0's based) in CDW12 bits 15:0, for every command with a range.
         let lba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);
         let blocks = (sqe.cdw12 & 0xFFFF) + 1;
+        // Other CDW12 bits (FUA, LR, PRINFO, DEAC) are flags, not part of NLB.
         let in_range = lba
             .checked_add(u64::from(blocks))
             .is_some_and(|end| end <= ns.num_blocks);
@@ -241,7 +242,13 @@ impl Queue {
                     IoOpcode::Write => {
                         counters.write(bytes);
                         io.counters.write(bytes);
-                        (BdevOp::Write { lba, blocks }, IoKind::Write)
+                        // FUA (CDW12 bit 30): durable at completion.
+                        let op = if sqe.cdw12 & (1 << 30) != 0 {
+                            BdevOp::WriteFua { lba, blocks }
+                        } else {
+                            BdevOp::Write { lba, blocks }
+                        };
+                        (op, IoKind::Write)
                     }
                     _ => {
                         counters.read(bytes);

@@ -1121,7 +1121,18 @@ fn file_namespace_completes_by_polling() {
             .is_success()
     );
     assert!(back[..4096].iter().all(|b| *b == 0));
-    assert_eq!(h.io.counters().snapshot().writes, 1);
+    // FUA: a flag, not part of NLB; durable at completion (RWF_DSYNC on the file device).
+    let mut fua = rw(0x01, 1, 6, 1);
+    fua.cdw12 |= 1 << 30;
+    let mut d = vec![0x5Au8; 4096];
+    assert!(h.exec(&mut q, fua, &mut d).status.is_success());
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 6, 1), &mut back[..4096])
+            .status
+            .is_success()
+    );
+    assert!(back[..4096].iter().all(|b| *b == 0x5A));
+    assert_eq!(h.io.counters().snapshot().writes, 2);
     assert_eq!(q.counters().snapshot().in_flight, 0);
 }
 
