@@ -90,6 +90,8 @@ pub struct State {
     pub errors: VecDeque<ErrorLogEntry>,
     /// Errors ever logged.
     pub error_count: u64,
+    /// Shutdown flushes still in flight.
+    pub shutdown_flushes: usize,
 }
 
 impl Controller {
@@ -128,6 +130,7 @@ impl Controller {
                 counters: Vec::new(),
                 errors: VecDeque::new(),
                 error_count: 0,
+                shutdown_flushes: 0,
             }),
         }
     }
@@ -213,13 +216,15 @@ impl Controller {
     }
 
     /// Property Set: only CC is writable. Enabling with I/O queue entry sizes other than 64 /
-    /// 16 bytes sets CSTS.CFS (as a PCIe controller would) instead of RDY.
+    /// 16 bytes sets CSTS.CFS (as a PCIe controller would) instead of RDY. Ok(true) when a
+    /// shutdown began (CSTS.SHST = Occurring): the caller flushes the namespaces and reports
+    /// how many flushes are in flight with [`Controller::shutdown_flushes`].
     pub fn property_set(
         &self,
         offset: PropertyOffset,
         size: usize,
         value: u64,
-    ) -> Result<(), Status> {
+    ) -> Result<bool, Status> {
         if offset != PropertyOffset::Cc || offset.width() != Some(size) {
             return Err(INVALID_FIELD);
         }
@@ -240,11 +245,30 @@ impl Controller {
             s.csts.rdy = false;
             s.csts.cfs = false;
         }
-        if cc.shn != ShutdownNotification::None && was.shn == ShutdownNotification::None {
-            // Every completed write already reached the block device; nothing to drain here.
+        let shutdown =
+            cc.shn != ShutdownNotification::None && was.shn == ShutdownNotification::None;
+        if shutdown {
+            s.csts.shst = ShutdownStatus::Occurring;
+        }
+        Ok(shutdown)
+    }
+
+    /// `n` shutdown flushes are in flight (0: shutdown complete now).
+    pub fn shutdown_flushes(&self, n: usize) {
+        let mut s = self.state();
+        s.shutdown_flushes = n;
+        if n == 0 {
             s.csts.shst = ShutdownStatus::Complete;
         }
-        Ok(())
+    }
+
+    /// One shutdown flush finished; the last one completes the shutdown.
+    pub fn shutdown_flushed(&self) {
+        let mut s = self.state();
+        s.shutdown_flushes = s.shutdown_flushes.saturating_sub(1);
+        if s.shutdown_flushes == 0 {
+            s.csts.shst = ShutdownStatus::Complete;
+        }
     }
 
     /// A namespace was added or removed: remember it for log 0x04 and raise a namespace

@@ -13,7 +13,7 @@ use nvmf_protocol::nvm::{DSM_RANGE_SIZE, DsmRange};
 use nvmf_protocol::{Cqe, IoOpcode, Sqe};
 use slab::Slab;
 
-use crate::bdev::{BdevChannel, BdevOp, BlockRange, IoBuf, Submitted};
+use crate::bdev::{BdevChannel, BdevOp, BlockRange, IoBuf, IoStatus, Submitted};
 
 use super::Exec;
 use super::controller::Controller;
@@ -38,6 +38,8 @@ struct InFlight {
     sqhd: u16,
     kind: IoKind,
     queue_slot: usize,
+    /// A flush the target issued itself (controller shutdown): no CQE, the controller counts it.
+    shutdown_of: Option<Arc<Controller>>,
 }
 
 /// One reactor's I/O context. See the module documentation.
@@ -138,6 +140,45 @@ impl ReactorIo {
         }
     }
 
+    /// Start a flush of bdev `index` for `controller`'s shutdown; true when it is in flight
+    /// (its completion is counted by the controller, never reported as a CQE).
+    pub(super) fn flush_for_shutdown(
+        &mut self,
+        index: usize,
+        controller: &Arc<Controller>,
+    ) -> bool {
+        // A reactor that never wrote through this device still flushes it: other reactors'
+        // writes reach the same file, and a flush on any descriptor covers them.
+        if self.channel(index).is_none() {
+            return false;
+        }
+        let slot = self.in_flight.vacant_entry();
+        let key = slot.key();
+        let Some(ch) = self.channels.get_mut(index).and_then(|c| c.as_mut()) else {
+            return false;
+        };
+        match ch.submit(BdevOp::Flush, &mut IoBuf::empty(), key as u64) {
+            Submitted::Done(s) => {
+                if s != IoStatus::Success {
+                    tracing::error!(cntlid = controller.cntlid, ?s, "shutdown flush failed");
+                }
+                false
+            }
+            Submitted::Queued => {
+                slot.insert(InFlight {
+                    tag: 0,
+                    cid: 0,
+                    sqid: 0,
+                    sqhd: 0,
+                    kind: IoKind::Flush,
+                    queue_slot: usize::MAX,
+                    shutdown_of: Some(controller.clone()),
+                });
+                true
+            }
+        }
+    }
+
     /// Reap block-device completions of every queue on this reactor: `out(tag, cqe)`.
     pub fn poll(&mut self, out: &mut dyn FnMut(u64, Cqe)) -> usize {
         if self.in_flight.is_empty() {
@@ -159,6 +200,13 @@ impl ReactorIo {
                 let Some(f) = in_flight.try_remove(key as usize) else {
                     return;
                 };
+                if let Some(c) = f.shutdown_of {
+                    if s != IoStatus::Success {
+                        tracing::error!(cntlid = c.cntlid, ?s, "shutdown flush failed");
+                    }
+                    c.shutdown_flushed();
+                    return;
+                }
                 let st = status::from_io(s, f.kind);
                 counters.end();
                 if let Some(q) = queues.get(f.queue_slot) {
@@ -212,6 +260,7 @@ impl Queue {
             sqhd,
             kind,
             queue_slot,
+            shutdown_of: None,
         };
         // SLBA in CDW10/11 and NLB (0's based) in CDW12 bits 15:0, for every command with a range.
         let lba = u64::from(sqe.cdw10) | (u64::from(sqe.cdw11) << 32);

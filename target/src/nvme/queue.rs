@@ -164,7 +164,7 @@ impl Queue {
                 controller, qid, ..
             } => {
                 if sqe.is_fabrics() {
-                    self.fabrics(&controller, qid, sqe)
+                    self.fabrics(io, &controller, qid, sqe)
                 } else if qid == 0 {
                     self.counters.other();
                     self.admin(io, &controller, sqe, data, tag, now)
@@ -341,7 +341,13 @@ impl Queue {
     }
 
     /// Property Get / Set / Disconnect once bound.
-    fn fabrics(&mut self, controller: &Arc<Controller>, qid: u16, sqe: &Sqe) -> Exec {
+    fn fabrics(
+        &mut self,
+        io: &mut ReactorIo,
+        controller: &Arc<Controller>,
+        qid: u16,
+        sqe: &Sqe,
+    ) -> Exec {
         let limits = self.target.limits().clone();
         match sqe.fctype() {
             FabricsType::PropertyGet if qid == 0 => {
@@ -360,7 +366,12 @@ impl Queue {
                 };
                 let size = cmd.size.bytes().unwrap_or(0);
                 Exec::Done(match controller.property_set(cmd.offset, size, cmd.value) {
-                    Ok(()) => self.success(sqe, 0),
+                    Ok(shutdown) => {
+                        if shutdown {
+                            self.shutdown_flush(io, controller);
+                        }
+                        self.success(sqe, 0)
+                    }
                     Err(s) => self.error(sqe, s),
                 })
             }
@@ -375,6 +386,25 @@ impl Queue {
             FabricsType::Connect => Exec::Done(self.error(sqe, SEQUENCE_ERROR)),
             _ => Exec::Done(self.error(sqe, INVALID_OPCODE)),
         }
+    }
+
+    /// CC.SHN was set: flush every namespace's device with a volatile cache; CSTS.SHST turns
+    /// Complete when the last flush completes (reaped by `ReactorIo::poll`).
+    fn shutdown_flush(&mut self, io: &mut ReactorIo, controller: &Arc<Controller>) {
+        self.namespace(controller, 0);
+        let mut bdevs: Vec<usize> = self
+            .ns
+            .active()
+            .filter(|n| n.info.volatile_cache)
+            .map(|n| n.bdev_index)
+            .collect();
+        bdevs.sort_unstable();
+        bdevs.dedup();
+        let queued = bdevs
+            .into_iter()
+            .filter(|b| io.flush_for_shutdown(*b, controller))
+            .count();
+        controller.shutdown_flushes(queued);
     }
 
     /// Leave the controller: an I/O queue frees its queue id, an admin queue tears the

@@ -1080,7 +1080,7 @@ fn file_namespace_completes_by_polling() {
     .unwrap();
     t.add_subsystem(sub);
     let mut h = Host::new(Arc::new(t));
-    let (_aq, cntlid) = h.admin();
+    let (mut aq, cntlid) = h.admin();
     let mut q = h.io_queue(1, cntlid);
     let mut data: Vec<u8> = (0..8192).map(|i| (i % 241) as u8).collect();
     let expect = data.clone();
@@ -1134,6 +1134,31 @@ fn file_namespace_completes_by_polling() {
     assert!(back[..4096].iter().all(|b| *b == 0x5A));
     assert_eq!(h.io.counters().snapshot().writes, 2);
     assert_eq!(q.counters().snapshot().in_flight, 0);
+    // Shutdown flushes the file (volatile cache): Occurring until the flush is reaped.
+    let cc = Cc {
+        en: true,
+        iosqes: 6,
+        iocqes: 4,
+        shn: ShutdownNotification::Normal,
+        ..Cc::default()
+    };
+    assert!(
+        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()))
+            .status
+            .is_success()
+    );
+    assert_eq!(
+        Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).shst,
+        ShutdownStatus::Occurring
+    );
+    assert_eq!(h.io.in_flight(), 1);
+    while h.io.in_flight() > 0 {
+        h.io.poll(&mut |_, c| panic!("a shutdown flush surfaced as a CQE: {c:?}"));
+    }
+    assert_eq!(
+        Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).shst,
+        ShutdownStatus::Complete
+    );
 }
 
 #[test]
