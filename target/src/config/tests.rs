@@ -248,3 +248,25 @@ fn uuid_and_nguid_parse() {
     assert!(validate::parse_uuid("6a1f1e0c4d2b-4c8e-9a57-0b7d6f3e2a11").is_none());
     assert!(validate::parse_hex16("0123456789abcdef0123456789abcdeg").is_none());
 }
+
+proptest::proptest! {
+    /// User input never panics the parser, and every error points into the file.
+    #[test]
+    fn parse_never_panics(cut in 0usize..GOOD.len(), insert in "[ -~\n]{0,40}") {
+        let mut text = GOOD.as_bytes()[..cut].to_vec();
+        text.extend_from_slice(insert.as_bytes());
+        text.extend_from_slice(&GOOD.as_bytes()[cut..]);
+        let text = String::from_utf8_lossy(&text).into_owned();
+        if let Err(errors) = Config::parse(&text, "p.toml") {
+            for e in errors.0 {
+                proptest::prop_assert!(e.line >= 1 && e.line <= text.lines().count() + 1, "{e}");
+            }
+        }
+    }
+
+    /// Arbitrary bytes (as text) never panic it either.
+    #[test]
+    fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+        let _ = Config::parse(&text, "p.toml");
+    }
+}
