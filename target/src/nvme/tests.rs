@@ -1185,3 +1185,46 @@ fn data_direction_from_opcode_and_fctype() {
     let get = Sqe::new_fabrics(nvmf_protocol::FabricsType::PropertyGet, 0);
     assert_eq!(data_direction(&get), Direction::None);
 }
+
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn opcode() -> impl Strategy<Value = Option<u8>> {
+        prop_oneof![Just(None), (0u8..0x20).prop_map(Some), Just(Some(0x7F))]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// Whatever the network sends, execution answers (or goes pending) and never panics,
+        /// on an unbound queue, the admin queue and an I/O queue; CQEs echo the CID.
+        #[test]
+        fn random_commands_never_panic(
+            raw in prop::collection::vec(any::<u8>(), 64),
+            data_len in 0usize..9000,
+            fill in any::<u8>(),
+            op in opcode(),
+        ) {
+            let mut sqe = Sqe::decode(&raw).unwrap();
+            if let Some(op) = op {
+                sqe.opcode = op;
+            }
+            let mut h = Host::new(target(true));
+            let (mut aq, cntlid) = h.admin();
+            let mut q = h.io_queue(1, cntlid);
+            let mut unbound = h.queue();
+            for queue in [&mut unbound, &mut aq, &mut q] {
+                let mut data = vec![fill; data_len];
+                let mut segs = [&mut data[..]];
+                let mut buf = IoBuf::new(&mut segs);
+                if let Exec::Done(c) = queue.execute(&mut h.io, &sqe, &mut buf, 1, h.now) {
+                    prop_assert_eq!(c.cid, sqe.cid);
+                }
+                while h.io.in_flight() > 0 {
+                    h.io.poll(&mut |_, _| {});
+                }
+            }
+        }
+    }
+}
