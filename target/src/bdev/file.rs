@@ -1,0 +1,851 @@
+//! The file device: a regular file (or block device node) driven through io_uring, one ring
+//! per channel (so per reactor and device), submitted and reaped by the reactor that owns the
+//! channel. No thread, no lock, and no syscall per I/O: SQEs are queued during `submit` and the
+//! ring is entered once per `poll`.
+//!
+//! - Read / Write: READV / WRITEV straight on the transport's buffers; a FUA write carries
+//!   RWF_DSYNC, so it is durable when it completes. With O_DIRECT, segments
+//!   whose address or length is not a multiple of the block size go through an aligned bounce
+//!   buffer (allocated for that I/O; the poll group's buffers are aligned, so this is the
+//!   exception, e.g. in-capsule data).
+//! - Flush: FSYNC with DATASYNC, which reaches stable storage (data and the metadata needed to
+//!   read it back), also under O_DIRECT where the device may cache.
+//! - Write Zeroes / Deallocate: FALLOCATE with ZERO_RANGE / PUNCH_HOLE (KEEP_SIZE); when the
+//!   file system refuses (EOPNOTSUPP / EINVAL) the channel remembers and writes zeroes from a
+//!   zeroed buffer instead, so deallocated blocks always read back as zeroes.
+//! - Compare: reads into an aligned scratch buffer (allocated for that I/O: compare is rare)
+//!   and compares with a copy of the host's data taken at submit.
+//!
+//! This is the one module of the crate allowed `unsafe`: pushing an SQE hands raw addresses to
+//! the kernel. What makes it sound is the lending contract of [`IoBuf`] (the memory stays alive
+//! and untouched until the tag is reaped), the channel's own buffers living in its slots until
+//! their SQEs complete, and `Drop` waiting for every in-flight SQE.
+#![allow(unsafe_code)]
+
+use std::fs::{File, OpenOptions};
+use std::io::{Seek, SeekFrom};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use io_uring::{IoUring, opcode, squeue, types};
+
+use super::{
+    Bdev, BdevChannel, BdevError, BdevInfo, BdevOp, BlockRange, IoBuf, IoStatus, MAX_SEGMENTS,
+    Submitted, check_io,
+};
+
+/// SQ entries per ring (the CQ is twice that, and the kernel keeps overflow completions).
+const RING_ENTRIES: u32 = 256;
+/// Size of the zero buffer the write-zeroes fallback writes from.
+const ZERO_CHUNK: usize = 256 * 1024;
+/// Memory alignment O_DIRECT needs at most (a page covers every logical block size).
+const DIRECT_ALIGN: usize = 4096;
+
+/// A file-backed device.
+pub struct FileBdev {
+    info: BdevInfo,
+    file: Arc<File>,
+    direct: bool,
+}
+
+impl FileBdev {
+    /// Open (creating if missing) `path`; with `size`, extend the file to it when shorter and
+    /// use that many bytes, else use the file's length.
+    pub fn open(
+        name: &str,
+        path: &Path,
+        block_size: u32,
+        size: Option<u64>,
+        direct: bool,
+    ) -> Result<FileBdev, BdevError> {
+        let io = |what| {
+            let name = name.to_owned();
+            move |source| BdevError::Io { name, what, source }
+        };
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(false);
+        if direct {
+            options.custom_flags(libc::O_DIRECT);
+        }
+        let mut file = options.open(path).map_err(io("open"))?;
+        let len = file.seek(SeekFrom::End(0)).map_err(io("size"))?;
+        let bytes = match size {
+            Some(s) if s > len => {
+                file.set_len(s).map_err(io("extend"))?;
+                s
+            }
+            Some(s) => s,
+            None => len,
+        };
+        let num_blocks = bytes / u64::from(block_size);
+        if num_blocks == 0 || !(block_size == 512 || block_size == 4096) {
+            return Err(BdevError::Config {
+                name: name.to_owned(),
+                message: format!("{bytes} bytes hold no block of {block_size}"),
+            });
+        }
+        Ok(FileBdev {
+            info: BdevInfo {
+                name: name.to_owned(),
+                block_size,
+                num_blocks,
+                volatile_cache: true,
+            },
+            file: Arc::new(file),
+            direct,
+        })
+    }
+
+    /// Opened with O_DIRECT.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+}
+
+impl Bdev for FileBdev {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+    fn open_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
+        Ok(Box::new(self.channel()?))
+    }
+}
+
+impl FileBdev {
+    fn channel(&self) -> Result<FileChannel, BdevError> {
+        let ring = IoUring::new(RING_ENTRIES).map_err(|source| BdevError::Io {
+            name: self.info.name.clone(),
+            what: "io_uring setup",
+            source,
+        })?;
+        Ok(FileChannel {
+            info: self.info.clone(),
+            file: self.file.clone(),
+            direct: self.direct,
+            ring,
+            slots: Vec::new(),
+            free: Vec::new(),
+            live: 0,
+            unsubmitted: 0,
+            zeroes: AlignedBuf::new(ZERO_CHUNK),
+            fallocate_zero: true,
+            fallocate_punch: true,
+        })
+    }
+}
+
+/// A zeroed heap buffer whose usable part starts on a [`DIRECT_ALIGN`] boundary (safe: an
+/// over-allocated `Vec` and an aligned window into it).
+struct AlignedBuf {
+    raw: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + DIRECT_ALIGN];
+        let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
+        AlignedBuf { raw, start, len }
+    }
+    fn as_slice(&self) -> &[u8] {
+        &self.raw[self.start..self.start + self.len]
+    }
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + self.len]
+    }
+}
+
+/// Segment addresses handed to the kernel (and, for a bounced read, copied to at completion).
+#[derive(Clone, Copy)]
+struct IoVecs {
+    vecs: [libc::iovec; MAX_SEGMENTS],
+    count: usize,
+}
+
+// SAFETY: the pointers are addresses of memory lent for one I/O (see `IoBuf`) or owned by the
+// slot; they are dereferenced only by the kernel and by `finish_bounced_read` on the thread
+// that owns the channel, whichever thread that is. Moving the channel moves no memory.
+unsafe impl Send for IoVecs {}
+
+impl IoVecs {
+    const EMPTY: IoVecs = IoVecs {
+        vecs: [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; MAX_SEGMENTS],
+        count: 0,
+    };
+
+    /// The first `len` bytes of `data`; None if it has more than MAX_SEGMENTS segments.
+    fn from_buf(data: &mut IoBuf<'_, '_>, mut len: usize) -> Option<IoVecs> {
+        let mut v = IoVecs::EMPTY;
+        for seg in data.segments_mut() {
+            if len == 0 {
+                break;
+            }
+            let n = seg.len().min(len);
+            let slot = v.vecs.get_mut(v.count)?;
+            *slot = libc::iovec {
+                iov_base: seg.as_mut_ptr().cast(),
+                iov_len: n,
+            };
+            v.count += 1;
+            len -= n;
+        }
+        Some(v)
+    }
+
+    fn aligned(&self, align: usize) -> bool {
+        self.vecs[..self.count]
+            .iter()
+            .all(|v| (v.iov_base as usize) % align == 0 && v.iov_len % align == 0)
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SlotKind {
+    /// Read/write/flush/fallocate: done when every SQE is back.
+    Plain,
+    /// Read through a bounce buffer: copy out at the end.
+    BouncedRead,
+    /// Compare: compare at the end.
+    Compare,
+}
+
+struct Slot {
+    tag: u64,
+    kind: SlotKind,
+    /// SQEs in flight for this I/O.
+    remaining: u32,
+    /// First failure, or Success.
+    status: IoStatus,
+    /// The host's segments (reads through a bounce buffer copy here at the end).
+    host: IoVecs,
+    /// The iovec list a READV/WRITEV points at (host segments, or the bounce buffer).
+    submit: IoVecs,
+    /// Bounce or compare scratch buffer.
+    scratch: Option<AlignedBuf>,
+    /// Compare: the host's data.
+    expected: Vec<u8>,
+    /// Ranges a FALLOCATE sub-operation covers (index in the SQE's user data).
+    ranges: Vec<BlockRange>,
+    /// Byte count a READV/WRITEV must transfer.
+    expect_bytes: usize,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            tag: 0,
+            kind: SlotKind::Plain,
+            remaining: 0,
+            status: IoStatus::Success,
+            host: IoVecs::EMPTY,
+            submit: IoVecs::EMPTY,
+            scratch: None,
+            expected: Vec::new(),
+            ranges: Vec::new(),
+            expect_bytes: 0,
+        }
+    }
+}
+
+/// What an SQE was, packed into its user data with the slot index.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Sub {
+    /// READV/WRITEV/FSYNC or a zero-writing WRITE: success or failure.
+    Data,
+    /// FALLOCATE ZERO_RANGE of `ranges[i]`.
+    ZeroRange(u16),
+    /// FALLOCATE PUNCH_HOLE of `ranges[i]`.
+    Punch(u16),
+}
+
+fn user_data(slot: u32, sub: Sub) -> u64 {
+    let (k, i) = match sub {
+        Sub::Data => (0u64, 0u64),
+        Sub::ZeroRange(i) => (1, u64::from(i)),
+        Sub::Punch(i) => (2, u64::from(i)),
+    };
+    u64::from(slot) | (i << 32) | (k << 48)
+}
+
+fn decode_user_data(v: u64) -> (u32, Sub) {
+    let slot = v as u32;
+    let i = (v >> 32) as u16;
+    let sub = match v >> 48 {
+        1 => Sub::ZeroRange(i),
+        2 => Sub::Punch(i),
+        _ => Sub::Data,
+    };
+    (slot, sub)
+}
+
+struct FileChannel {
+    info: BdevInfo,
+    file: Arc<File>,
+    direct: bool,
+    ring: IoUring,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    live: usize,
+    /// SQEs pushed since the ring was last entered.
+    unsubmitted: u32,
+    zeroes: AlignedBuf,
+    /// The file system did not refuse FALLOC_FL_ZERO_RANGE yet.
+    fallocate_zero: bool,
+    /// The file system did not refuse FALLOC_FL_PUNCH_HOLE yet.
+    fallocate_punch: bool,
+}
+
+impl FileChannel {
+    fn fd(&self) -> types::Fd {
+        types::Fd(self.file.as_raw_fd())
+    }
+
+    fn byte_offset(&self, lba: u64) -> u64 {
+        lba * u64::from(self.info.block_size)
+    }
+
+    fn take_slot(&mut self, tag: u64, kind: SlotKind) -> u32 {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                // Grows only past the previous high-water mark.
+                self.slots.push(Slot::new());
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let s = &mut self.slots[index as usize];
+        s.tag = tag;
+        s.kind = kind;
+        s.remaining = 0;
+        s.status = IoStatus::Success;
+        s.scratch = None;
+        s.expected.clear();
+        s.ranges.clear();
+        s.expect_bytes = 0;
+        self.live += 1;
+        index
+    }
+
+    fn release_slot(&mut self, index: u32) {
+        self.slots[index as usize].scratch = None;
+        self.free.push(index);
+        self.live -= 1;
+    }
+
+    /// Queue one SQE; enters the ring when the SQ is full. Err(errno) when it cannot.
+    fn push(&mut self, entry: squeue::Entry) -> Result<(), i32> {
+        // SAFETY: every address in `entry` stays valid until its completion is reaped: host
+        // segments by the IoBuf lending contract, slot-owned iovec lists and scratch buffers
+        // because a slot is not reused or dropped before its last SQE completes, the zero
+        // buffer because it lives as long as the channel, and Drop waits for every SQE.
+        let pushed = unsafe { self.ring.submission().push(&entry) };
+        if pushed.is_err() {
+            self.ring
+                .submit()
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+            self.unsubmitted = 0;
+            // SAFETY: as above.
+            unsafe { self.ring.submission().push(&entry) }.map_err(|_| libc::EBUSY)?;
+        }
+        self.unsubmitted += 1;
+        Ok(())
+    }
+
+    /// Push `entry` for slot `index`, counting it, or record the failure.
+    fn push_for(&mut self, index: u32, entry: squeue::Entry) {
+        match self.push(entry) {
+            Ok(()) => self.slots[index as usize].remaining += 1,
+            Err(errno) => self.fail(index, IoStatus::Failed(errno)),
+        }
+    }
+
+    fn fail(&mut self, index: u32, status: IoStatus) {
+        let s = &mut self.slots[index as usize];
+        if s.status == IoStatus::Success {
+            s.status = status;
+        }
+    }
+
+    /// After queuing: Done when nothing was queued for the slot (it failed at once).
+    fn settle(&mut self, index: u32) -> Submitted {
+        let s = &self.slots[index as usize];
+        if s.remaining == 0 {
+            let status = s.status;
+            self.release_slot(index);
+            Submitted::Done(status)
+        } else {
+            Submitted::Queued
+        }
+    }
+
+    /// `rw_flags`: RWF_DSYNC for a FUA write.
+    fn push_rw(&mut self, index: u32, write: bool, offset: u64, rw_flags: i32) {
+        let s = &self.slots[index as usize];
+        let iov = s.submit.vecs.as_ptr();
+        let n = s.submit.count as u32;
+        let entry = if write {
+            opcode::Writev::new(self.fd(), iov, n)
+                .offset(offset)
+                .rw_flags(rw_flags)
+                .build()
+        } else {
+            opcode::Readv::new(self.fd(), iov, n).offset(offset).build()
+        };
+        self.push_for(index, entry.user_data(user_data(index, Sub::Data)));
+    }
+
+    /// Point the slot's submit list at its scratch buffer.
+    fn submit_scratch(&mut self, index: u32, len: usize) {
+        let s = &mut self.slots[index as usize];
+        let mut v = IoVecs::EMPTY;
+        if let Some(b) = s.scratch.as_mut() {
+            v.vecs[0] = libc::iovec {
+                iov_base: b.as_mut_slice().as_mut_ptr().cast(),
+                iov_len: len,
+            };
+            v.count = 1;
+        }
+        s.submit = v;
+        s.expect_bytes = len;
+    }
+
+    fn read_write(
+        &mut self,
+        write: bool,
+        fua: bool,
+        lba: u64,
+        blocks: u32,
+        data: &mut IoBuf<'_, '_>,
+        tag: u64,
+    ) -> Submitted {
+        let bytes = match check_io(&self.info, lba, blocks, data.len()) {
+            Ok(b) => b,
+            Err(s) => return Submitted::Done(s),
+        };
+        let Some(host) = IoVecs::from_buf(data, bytes) else {
+            return Submitted::Done(IoStatus::Failed(libc::EINVAL));
+        };
+        let bounce = self.direct && !host.aligned(self.info.block_size as usize);
+        let kind = if bounce && !write {
+            SlotKind::BouncedRead
+        } else {
+            SlotKind::Plain
+        };
+        let index = self.take_slot(tag, kind);
+        let s = &mut self.slots[index as usize];
+        s.host = host;
+        s.expect_bytes = bytes;
+        if bounce {
+            let mut b = AlignedBuf::new(bytes);
+            if write {
+                data.read_at(0, b.as_mut_slice());
+            }
+            s.scratch = Some(b);
+            self.submit_scratch(index, bytes);
+        } else {
+            s.submit = host;
+        }
+        let flags = if fua { libc::RWF_DSYNC } else { 0 };
+        self.push_rw(index, write, self.byte_offset(lba), flags);
+        self.settle(index)
+    }
+
+    fn compare(&mut self, lba: u64, blocks: u32, data: &mut IoBuf<'_, '_>, tag: u64) -> Submitted {
+        let bytes = match check_io(&self.info, lba, blocks, data.len()) {
+            Ok(b) => b,
+            Err(s) => return Submitted::Done(s),
+        };
+        let index = self.take_slot(tag, SlotKind::Compare);
+        let s = &mut self.slots[index as usize];
+        s.expected.resize(bytes, 0);
+        data.read_at(0, &mut s.expected);
+        s.scratch = Some(AlignedBuf::new(bytes));
+        self.submit_scratch(index, bytes);
+        self.push_rw(index, false, self.byte_offset(lba), 0);
+        self.settle(index)
+    }
+
+    /// WRITE SQEs of zeroes over `range` for slot `index`.
+    fn push_zero_writes(&mut self, index: u32, range: BlockRange) {
+        let mut offset = self.byte_offset(range.lba);
+        let mut left = u64::from(range.blocks) * u64::from(self.info.block_size);
+        let ptr = self.zeroes.as_slice().as_ptr();
+        while left > 0 {
+            let n = left.min(ZERO_CHUNK as u64);
+            let entry = opcode::Write::new(self.fd(), ptr, n as u32)
+                .offset(offset)
+                .build()
+                .user_data(user_data(index, Sub::Data));
+            self.push_for(index, entry);
+            offset += n;
+            left -= n;
+        }
+    }
+
+    fn push_fallocate(&mut self, index: u32, i: u16, punch: bool) {
+        let r = self.slots[index as usize].ranges[usize::from(i)];
+        let len = u64::from(r.blocks) * u64::from(self.info.block_size);
+        let (mode, sub) = if punch {
+            (
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                Sub::Punch(i),
+            )
+        } else {
+            (
+                libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                Sub::ZeroRange(i),
+            )
+        };
+        let entry = opcode::Fallocate::new(self.fd(), len)
+            .offset(self.byte_offset(r.lba))
+            .mode(mode)
+            .build()
+            .user_data(user_data(index, sub));
+        self.push_for(index, entry);
+    }
+
+    /// Zero (or punch) `ranges`, by fallocate while the file system allows it.
+    fn zero_ranges(&mut self, ranges: &[BlockRange], punch: bool, tag: u64) -> Submitted {
+        for r in ranges {
+            if let Err(s) = check_io(&self.info, r.lba, r.blocks, usize::MAX) {
+                return Submitted::Done(s);
+            }
+        }
+        let index = self.take_slot(tag, SlotKind::Plain);
+        self.slots[index as usize].ranges.extend_from_slice(ranges);
+        let by_fallocate = if punch {
+            self.fallocate_punch
+        } else {
+            self.fallocate_zero
+        };
+        for (i, r) in ranges.iter().enumerate() {
+            match u16::try_from(i) {
+                Ok(i) if by_fallocate => self.push_fallocate(index, i, punch),
+                _ => self.push_zero_writes(index, *r),
+            }
+        }
+        self.settle(index)
+    }
+
+    /// One SQE of slot `index` completed with `result`.
+    fn complete_sub(&mut self, index: u32, sub: Sub, result: i32) {
+        let Some(s) = self.slots.get_mut(index as usize) else {
+            return;
+        };
+        s.remaining = s.remaining.saturating_sub(1);
+        let refused = result == -libc::EOPNOTSUPP || result == -libc::EINVAL;
+        match sub {
+            Sub::ZeroRange(i) | Sub::Punch(i) if refused => {
+                if matches!(sub, Sub::Punch(_)) {
+                    self.fallocate_punch = false;
+                } else {
+                    self.fallocate_zero = false;
+                }
+                tracing::debug!(bdev = %self.info.name, ?sub, "fallocate refused; writing zeroes");
+                let r = self.slots[index as usize].ranges[usize::from(i)];
+                self.push_zero_writes(index, r);
+            }
+            _ if result < 0 => self.fail(index, IoStatus::Failed(-result)),
+            Sub::Data => {
+                let s = &self.slots[index as usize];
+                let want = s.expect_bytes;
+                // READV/WRITEV transfer exactly `expect_bytes`; zero WRITEs and FSYNC have
+                // expect_bytes 0 in their slot or return their own length.
+                if want != 0 && result as usize != want && s.ranges.is_empty() {
+                    self.fail(index, IoStatus::Failed(libc::EIO));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The slot's last SQE is back: final status.
+    fn finish(&mut self, index: u32) -> IoStatus {
+        let s = &mut self.slots[index as usize];
+        if s.status != IoStatus::Success {
+            return s.status;
+        }
+        match s.kind {
+            SlotKind::Plain => IoStatus::Success,
+            SlotKind::Compare => match &s.scratch {
+                Some(b) if b.as_slice() == s.expected.as_slice() => IoStatus::Success,
+                _ => IoStatus::CompareMismatch,
+            },
+            SlotKind::BouncedRead => {
+                let Some(b) = &s.scratch else {
+                    return IoStatus::Failed(libc::EIO);
+                };
+                let mut from = b.as_slice();
+                for v in &s.host.vecs[..s.host.count] {
+                    let n = v.iov_len.min(from.len());
+                    // SAFETY: `v` is a segment of the IoBuf lent for this I/O, alive and
+                    // untouched by others until this completion is reported (IoBuf contract);
+                    // `n` is within its length.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), n) };
+                    dst.copy_from_slice(&from[..n]);
+                    from = &from[n..];
+                }
+                IoStatus::Success
+            }
+        }
+    }
+
+    fn enter(&mut self) {
+        if self.unsubmitted > 0 {
+            match self.ring.submit() {
+                Ok(_) => self.unsubmitted = 0,
+                Err(e) => tracing::warn!(bdev = %self.info.name, "io_uring submit: {e}"),
+            }
+        }
+    }
+}
+
+impl BdevChannel for FileChannel {
+    fn submit(&mut self, op: BdevOp<'_>, data: &mut IoBuf<'_, '_>, tag: u64) -> Submitted {
+        match op {
+            BdevOp::Read { lba, blocks } => self.read_write(false, false, lba, blocks, data, tag),
+            BdevOp::Write { lba, blocks } => self.read_write(true, false, lba, blocks, data, tag),
+            // RWF_DSYNC: the write and the metadata to read it back are durable at completion.
+            BdevOp::WriteFua { lba, blocks } => self.read_write(true, true, lba, blocks, data, tag),
+            BdevOp::Compare { lba, blocks } => self.compare(lba, blocks, data, tag),
+            BdevOp::WriteZeroes { lba, blocks } => {
+                self.zero_ranges(&[BlockRange { lba, blocks }], false, tag)
+            }
+            BdevOp::Deallocate(ranges) => self.zero_ranges(ranges, true, tag),
+            BdevOp::Flush => {
+                let index = self.take_slot(tag, SlotKind::Plain);
+                let entry = opcode::Fsync::new(self.fd())
+                    .flags(types::FsyncFlags::DATASYNC)
+                    .build()
+                    .user_data(user_data(index, Sub::Data));
+                self.push_for(index, entry);
+                self.settle(index)
+            }
+        }
+    }
+
+    fn poll(&mut self, done: &mut dyn FnMut(u64, IoStatus)) -> usize {
+        self.enter();
+        let mut reported = 0;
+        loop {
+            let Some(cqe) = self.ring.completion().next() else {
+                break;
+            };
+            let (index, sub) = decode_user_data(cqe.user_data());
+            self.complete_sub(index, sub, cqe.result());
+            if self
+                .slots
+                .get(index as usize)
+                .is_some_and(|s| s.remaining == 0)
+            {
+                let status = self.finish(index);
+                let tag = self.slots[index as usize].tag;
+                self.release_slot(index);
+                done(tag, status);
+                reported += 1;
+            }
+        }
+        // Fallback writes queued while reaping.
+        self.enter();
+        reported
+    }
+
+    fn in_flight(&self) -> usize {
+        self.live
+    }
+}
+
+impl Drop for FileChannel {
+    fn drop(&mut self) {
+        // The kernel may still write into lent or slot memory: wait for every SQE.
+        while self.live > 0 {
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                tracing::error!(bdev = %self.info.name, "io_uring wait on drop: {e}");
+                break;
+            }
+            self.poll(&mut |_, _| {});
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{exercise_storage, run};
+    use super::*;
+
+    fn dir() -> tempfile::TempDir {
+        // Under the build directory: a real disk file system (O_DIRECT, fallocate), not tmpfs.
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../build/test-files");
+        std::fs::create_dir_all(&base).unwrap();
+        tempfile::tempdir_in(base).unwrap()
+    }
+
+    #[test]
+    fn file_storage_semantics_buffered_and_direct() {
+        let d = dir();
+        for (direct, bs) in [(false, 512), (true, 512), (true, 4096), (false, 4096)] {
+            let path = d.path().join(format!("f-{direct}-{bs}"));
+            let b = FileBdev::open("f", &path, bs, Some(64 * u64::from(bs)), direct).unwrap();
+            assert_eq!(b.info().num_blocks, 64);
+            assert!(b.is_direct() == direct);
+            exercise_storage(&b);
+        }
+    }
+
+    #[test]
+    fn data_persists_after_flush_and_reopen() {
+        let d = dir();
+        let path = d.path().join("persist");
+        let pattern: Vec<u8> = (0..8192).map(|i| (i * 13 % 256) as u8).collect();
+        {
+            let b = FileBdev::open("f", &path, 4096, Some(1 << 20), true).unwrap();
+            let mut ch = b.open_channel().unwrap();
+            let mut data = pattern.clone();
+            assert_eq!(
+                run(ch.as_mut(), BdevOp::Write { lba: 5, blocks: 2 }, &mut data),
+                IoStatus::Success
+            );
+            assert_eq!(run(ch.as_mut(), BdevOp::Flush, &mut []), IoStatus::Success);
+        }
+        // Reopen without a size: the file's own length.
+        let b = FileBdev::open("f", &path, 4096, None, false).unwrap();
+        assert_eq!(b.info().num_blocks, 256);
+        let mut ch = b.open_channel().unwrap();
+        let mut back = vec![0u8; 8192];
+        assert_eq!(
+            run(ch.as_mut(), BdevOp::Read { lba: 5, blocks: 2 }, &mut back),
+            IoStatus::Success
+        );
+        assert_eq!(back, pattern);
+    }
+
+    #[test]
+    fn misaligned_buffers_bounce_under_o_direct() {
+        let d = dir();
+        let b = FileBdev::open("f", &d.path().join("bounce"), 512, Some(1 << 16), true).unwrap();
+        let mut ch = b.open_channel().unwrap();
+        // A 1-byte offset into a Vec: never 512-aligned.
+        let mut raw = vec![0u8; 1025];
+        for (i, x) in raw[1..].iter_mut().enumerate() {
+            *x = (i % 199) as u8;
+        }
+        let expect = raw[1..].to_vec();
+        assert_eq!(
+            run(
+                ch.as_mut(),
+                BdevOp::Write { lba: 1, blocks: 2 },
+                &mut raw[1..]
+            ),
+            IoStatus::Success
+        );
+        raw.fill(0);
+        assert_eq!(
+            run(
+                ch.as_mut(),
+                BdevOp::Read { lba: 1, blocks: 2 },
+                &mut raw[1..]
+            ),
+            IoStatus::Success
+        );
+        assert_eq!(raw[1..], expect[..]);
+    }
+
+    #[test]
+    fn many_ios_in_flight_complete_by_polling() {
+        let d = dir();
+        let b = FileBdev::open("f", &d.path().join("qd"), 512, Some(1 << 20), false).unwrap();
+        let mut ch = b.open_channel().unwrap();
+        let mut bufs: Vec<Vec<u8>> = (0..300).map(|i| vec![i as u8; 512]).collect();
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            let mut segs = [&mut buf[..]];
+            let mut io = IoBuf::new(&mut segs);
+            let op = BdevOp::Write {
+                lba: i as u64,
+                blocks: 1,
+            };
+            assert_eq!(ch.submit(op, &mut io, i as u64), Submitted::Queued);
+        }
+        assert_eq!(ch.in_flight(), 300);
+        let mut seen = vec![false; 300];
+        while ch.in_flight() > 0 {
+            ch.poll(&mut |tag, s| {
+                assert_eq!(s, IoStatus::Success);
+                seen[tag as usize] = true;
+            });
+        }
+        assert!(seen.iter().all(|s| *s));
+        let mut back = vec![0u8; 512];
+        assert_eq!(
+            run(
+                ch.as_mut(),
+                BdevOp::Read {
+                    lba: 299,
+                    blocks: 1
+                },
+                &mut back
+            ),
+            IoStatus::Success
+        );
+        assert!(back.iter().all(|b| *b == (299 % 256) as u8));
+    }
+
+    #[test]
+    fn zeroes_are_written_when_fallocate_is_refused() {
+        let d = dir();
+        let b = FileBdev::open("f", &d.path().join("nofalloc"), 512, Some(1 << 21), true).unwrap();
+        let mut ch = b.channel().unwrap();
+        ch.fallocate_zero = false;
+        ch.fallocate_punch = false;
+        let mut ones = vec![1u8; 1 << 20];
+        assert_eq!(
+            run(
+                &mut ch,
+                BdevOp::Write {
+                    lba: 0,
+                    blocks: 2048
+                },
+                &mut ones
+            ),
+            IoStatus::Success
+        );
+        // 1 MiB: several zero chunks for one command.
+        assert_eq!(
+            run(
+                &mut ch,
+                BdevOp::WriteZeroes {
+                    lba: 0,
+                    blocks: 2048
+                },
+                &mut []
+            ),
+            IoStatus::Success
+        );
+        let mut back = vec![9u8; 1 << 20];
+        assert_eq!(
+            run(
+                &mut ch,
+                BdevOp::Read {
+                    lba: 0,
+                    blocks: 2048
+                },
+                &mut back
+            ),
+            IoStatus::Success
+        );
+        assert!(back.iter().all(|b| *b == 0));
+        exercise_storage(&b);
+    }
+
+    #[test]
+    fn user_data_round_trips() {
+        for sub in [Sub::Data, Sub::ZeroRange(7), Sub::Punch(255)] {
+            assert_eq!(decode_user_data(user_data(12345, sub)), (12345, sub));
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! [`IoBuf`]: the data of one command, in memory the transport owns.
+//!
+//! The transport (poll-group data buffers, or the in-capsule part of a receive slot) lends the
+//! target a list of byte segments for one command. Synchronous block devices (null, malloc) and
+//! the command logic use them through the borrow. The io_uring block device hands the
+//! segments' addresses to the kernel, which reads or writes them after `submit` returns.
+//!
+//! # Contract for the lender (the transport glue)
+//! When a command completes asynchronously (`Exec::Pending` / `Submitted::Queued`), the memory
+//! behind every segment must stay allocated and must not be read or written by anyone else
+//! until that command's completion has been reaped (the tag comes back from `poll`). Poll-group
+//! buffers satisfy this naturally: a request keeps its buffers until its response is sent. The
+//! memory is then treated like registered memory a NIC DMAs into.
+
+/// Most segments one command's data may span (the poll group splits a transfer over at most
+/// 16 data buffers).
+pub const MAX_SEGMENTS: usize = 16;
+
+/// The data segments of one command. See the module documentation for the lending contract.
+pub struct IoBuf<'a, 'b> {
+    segs: &'a mut [&'b mut [u8]],
+}
+
+impl<'a, 'b> IoBuf<'a, 'b> {
+    /// Segments in transfer order.
+    pub fn new(segs: &'a mut [&'b mut [u8]]) -> Self {
+        IoBuf { segs }
+    }
+
+    /// No data.
+    pub fn empty() -> IoBuf<'static, 'static> {
+        IoBuf { segs: &mut [] }
+    }
+
+    /// Total bytes.
+    pub fn len(&self) -> usize {
+        self.segs.iter().map(|s| s.len()).sum()
+    }
+
+    /// True when there is no data.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The segments.
+    pub fn segments(&self) -> impl Iterator<Item = &[u8]> {
+        self.segs.iter().map(|s| &**s)
+    }
+
+    /// The segments, writable.
+    pub fn segments_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
+        self.segs.iter_mut().map(|s| &mut **s)
+    }
+
+    /// Copy `src` into the buffer at `offset`; returns bytes copied (short at the end).
+    pub fn write_at(&mut self, mut offset: usize, mut src: &[u8]) -> usize {
+        let mut copied = 0;
+        for seg in self.segs.iter_mut() {
+            if src.is_empty() {
+                break;
+            }
+            if offset >= seg.len() {
+                offset -= seg.len();
+                continue;
+            }
+            let n = (seg.len() - offset).min(src.len());
+            seg[offset..offset + n].copy_from_slice(&src[..n]);
+            src = &src[n..];
+            copied += n;
+            offset = 0;
+        }
+        copied
+    }
+
+    /// Copy from the buffer at `offset` into `dst`; returns bytes copied.
+    pub fn read_at(&self, mut offset: usize, mut dst: &mut [u8]) -> usize {
+        let mut copied = 0;
+        for seg in self.segs.iter() {
+            if dst.is_empty() {
+                break;
+            }
+            if offset >= seg.len() {
+                offset -= seg.len();
+                continue;
+            }
+            let n = (seg.len() - offset).min(dst.len());
+            dst[..n].copy_from_slice(&seg[offset..offset + n]);
+            dst = &mut dst[n..];
+            copied += n;
+            offset = 0;
+        }
+        copied
+    }
+
+    /// Copy `src` to the start (as much as fits) and zero everything after it: how a command
+    /// returning a data structure fills the host's buffer.
+    pub fn fill_from(&mut self, src: &[u8]) {
+        let mut src = src;
+        for seg in self.segs.iter_mut() {
+            let n = seg.len().min(src.len());
+            seg[..n].copy_from_slice(&src[..n]);
+            seg[n..].fill(0);
+            src = &src[n..];
+        }
+    }
+
+    /// Zero the first `len` bytes.
+    pub fn zero(&mut self, mut len: usize) {
+        for seg in self.segs.iter_mut() {
+            let n = seg.len().min(len);
+            seg[..n].fill(0);
+            len -= n;
+        }
+    }
+
+    /// Keep only the first `len` bytes visible (the command's transfer may be shorter than the
+    /// buffers the transport gave).
+    pub fn truncate(&mut self, mut len: usize) {
+        let mut keep = 0;
+        for seg in self.segs.iter_mut() {
+            if len == 0 {
+                break;
+            }
+            let n = seg.len().min(len);
+            let taken = std::mem::take(seg);
+            *seg = &mut taken[..n];
+            len -= n;
+            keep += 1;
+        }
+        let segs = std::mem::take(&mut self.segs);
+        self.segs = &mut segs[..keep];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scatter_copies() {
+        let mut a = [0u8; 3];
+        let mut b = [0u8; 5];
+        {
+            let mut segs = [&mut a[..], &mut b[..]];
+            let mut buf = IoBuf::new(&mut segs);
+            assert_eq!(buf.len(), 8);
+            assert_eq!(buf.write_at(2, &[1, 2, 3, 4, 5, 6, 7]), 6);
+            let mut out = [0u8; 8];
+            assert_eq!(buf.read_at(0, &mut out), 8);
+            assert_eq!(out, [0, 0, 1, 2, 3, 4, 5, 6]);
+            buf.truncate(4);
+            assert_eq!(buf.len(), 4);
+            buf.zero(4);
+            assert_eq!(buf.read_at(0, &mut out[..4]), 4);
+            assert_eq!(out[..4], [0, 0, 0, 0]);
+        }
+        assert_eq!(b, [0, 3, 4, 5, 6]);
+    }
+}

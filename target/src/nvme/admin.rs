@@ -1,0 +1,404 @@
+//! Admin commands on a bound admin queue: Identify, Get Log Page, Set/Get Features, Keep
+//! Alive, Asynchronous Event Request, Abort. Unsupported opcodes answer Invalid Command Opcode;
+//! the discovery controller accepts only what discovery needs.
+
+use std::time::Instant;
+
+use nvmf_protocol::admin::{FeatureSelect, GetLogPageCmd, IdentifyCmd};
+use nvmf_protocol::features::{
+    Arbitration, AsyncEventConfig, Feature, FeatureId, KeepAliveTimer, NumberOfQueues,
+    PowerManagement, VolatileWriteCache,
+};
+use nvmf_protocol::identify::{
+    Cns, IDENTIFY_DATA_SIZE, IdentifyController, IdentifyNamespace, NsIdDescriptor, NsList,
+    SGLS_KEYED, SGLS_OFFSET, SGLS_SUPPORTED,
+};
+use nvmf_protocol::log::{ERROR_LOG_ENTRY_SIZE, LogId, SMART_LOG_SIZE};
+use nvmf_protocol::properties::Vs;
+use nvmf_protocol::{AdminOpcode, Cqe, FixedStr, Sqe};
+
+use crate::bdev::IoBuf;
+
+use super::Exec;
+use super::controller::{AERL, Controller, ERROR_LOG_ENTRIES};
+use super::io::ReactorIo;
+use super::queue::Queue;
+use super::status::*;
+
+/// Identify Controller ONCS: Compare, Dataset Management, Write Zeroes.
+const ONCS: u16 = (1 << 0) | (1 << 2) | (1 << 3);
+/// VWC: present (bit 0), Flush with NSID FFFFFFFFh not supported (bits 2:1 = 10b).
+const VWC: u8 = 0x05;
+/// OAES: Namespace Attribute Notices.
+const OAES_NS_ATTRIBUTE: u32 = 1 << 8;
+/// LPA: extended data for Get Log Page (LPO, NUMDU).
+const LPA_EXTENDED: u8 = 1 << 2;
+/// DLFEAT: Write Zeroes may deallocate (bit 3); deallocated blocks read as zeroes (001b).
+const DLFEAT: u8 = 0x09;
+
+fn fixed<const N: usize>(s: &str) -> FixedStr<N> {
+    FixedStr::new(s, "identify").unwrap_or(FixedStr::EMPTY)
+}
+
+impl Queue {
+    pub(super) fn admin(
+        &mut self,
+        _io: &mut ReactorIo,
+        c: &Controller,
+        sqe: &Sqe,
+        data: &mut IoBuf<'_, '_>,
+        tag: u64,
+        now: Instant,
+    ) -> Exec {
+        let op = AdminOpcode::from_raw(sqe.opcode);
+        // Before CC.EN = 1 and CSTS.RDY = 1 only Fabrics commands are allowed.
+        if !c.is_ready() {
+            return Exec::Done(self.error(sqe, SEQUENCE_ERROR));
+        }
+        let discovery = c.is_discovery();
+        let cqe = match op {
+            AdminOpcode::Identify => self.identify(c, sqe, data),
+            AdminOpcode::GetLogPage => self.get_log_page(c, sqe, data),
+            AdminOpcode::SetFeatures => self.set_features(c, sqe, now),
+            AdminOpcode::GetFeatures => self.get_features(c, sqe),
+            AdminOpcode::KeepAlive => {
+                c.keep_alive(now);
+                self.success(sqe, 0)
+            }
+            AdminOpcode::AsyncEventRequest => return self.async_event_request(c, sqe, tag),
+            // Best effort is allowed: "not aborted" (DW0 bit 0 = 1).
+            AdminOpcode::Abort if !discovery => self.success(sqe, 1),
+            _ => self.error(sqe, INVALID_OPCODE),
+        };
+        Exec::Done(cqe)
+    }
+
+    fn identify(&mut self, c: &Controller, sqe: &Sqe, data: &mut IoBuf<'_, '_>) -> Cqe {
+        let Ok(cmd) = IdentifyCmd::from_sqe(sqe) else {
+            return self.error(sqe, INVALID_FIELD);
+        };
+        if data.len() < IDENTIFY_DATA_SIZE {
+            return self.error(sqe, SGL_LENGTH_INVALID);
+        }
+        let mut page = [0u8; IDENTIFY_DATA_SIZE];
+        let result = match (cmd.cns, c.is_discovery()) {
+            (Cns::Controller, _) => self
+                .identify_controller(c)
+                .encode_into(&mut page)
+                .map(|_| ()),
+            (_, true) => return self.error(sqe, INVALID_FIELD),
+            (Cns::Namespace, false) => {
+                let sub = c.subsystem.as_ref();
+                let max = sub.map_or(0, |s| s.max_namespaces);
+                if cmd.nsid == 0 || (cmd.nsid > max && cmd.nsid != u32::MAX) {
+                    return self.error(sqe, INVALID_NAMESPACE);
+                }
+                match self.namespace(c, cmd.nsid) {
+                    Some(ns) => {
+                        let mut id = IdentifyNamespace::simple(
+                            ns.num_blocks,
+                            ns.block_size.trailing_zeros() as u8,
+                        );
+                        id.dlfeat = DLFEAT;
+                        id.nmic = 1;
+                        id.nguid = self
+                            .ns
+                            .get(cmd.nsid)
+                            .and_then(|n| n.nguid)
+                            .unwrap_or([0; 16]);
+                        id.encode_into(&mut page).map(|_| ())
+                    }
+                    // An allocated-but-inactive NSID reads as zeroes.
+                    None => Ok(()),
+                }
+            }
+            (Cns::ActiveNamespaceList, false) => {
+                if cmd.nsid >= 0xFFFF_FFFE {
+                    return self.error(sqe, INVALID_NAMESPACE);
+                }
+                self.namespace(c, 0);
+                let ids: Vec<u32> = self
+                    .ns
+                    .active()
+                    .map(|n| n.nsid)
+                    .filter(|id| *id > cmd.nsid)
+                    .take(nvmf_protocol::identify::NS_LIST_MAX)
+                    .collect();
+                NsList::new(&ids)
+                    .and_then(|l| l.encode_into(&mut page))
+                    .map(|_| ())
+            }
+            (Cns::NamespaceDescriptors, false) => {
+                if self.namespace(c, cmd.nsid).is_none() {
+                    return self.error(sqe, INVALID_NAMESPACE);
+                }
+                let mut list = Vec::with_capacity(3);
+                if let Some(ns) = self.ns.get(cmd.nsid) {
+                    if let Some(g) = ns.nguid {
+                        list.push(NsIdDescriptor::Nguid(g));
+                    }
+                    if let Some(u) = ns.uuid {
+                        list.push(NsIdDescriptor::Uuid(u));
+                    }
+                }
+                list.push(NsIdDescriptor::Csi(0));
+                NsIdDescriptor::encode_list(&list, &mut page).map(|_| ())
+            }
+            _ => return self.error(sqe, INVALID_FIELD),
+        };
+        match result {
+            Ok(()) => {
+                data.fill_from(&page);
+                self.success(sqe, 0)
+            }
+            Err(_) => self.error(sqe, INTERNAL_ERROR),
+        }
+    }
+
+    fn identify_controller(&self, c: &Controller) -> IdentifyController {
+        let limits = self.target.limits();
+        let sub = c.subsystem.as_ref();
+        let mut id = IdentifyController {
+            sn: fixed(sub.map_or("discovery", |s| s.serial.as_str())),
+            mn: fixed(sub.map_or("nvmf-rs discovery", |s| s.model.as_str())),
+            fr: FixedStr::new(env!("CARGO_PKG_VERSION"), "FR").unwrap_or(FixedStr::EMPTY),
+            rab: 6,
+            // Dynamic controllers: the subsystem may have several.
+            cmic: 1 << 1,
+            mdts: limits.mdts(),
+            cntlid: c.cntlid,
+            ver: Vs::V1_3.to_u32(),
+            oaes: if sub.is_some() { OAES_NS_ATTRIBUTE } else { 0 },
+            cntrltype: if sub.is_some() { 1 } else { 2 },
+            acl: 3,
+            aerl: AERL,
+            lpa: LPA_EXTENDED,
+            elpe: (ERROR_LOG_ENTRIES - 1) as u8,
+            kas: limits.kas,
+            sqes: 0x66,
+            cqes: 0x44,
+            maxcmd: limits.max_queue_depth.min(u32::from(u16::MAX)) as u16,
+            nn: sub.map_or(0, |s| s.max_namespaces),
+            sgls: SGLS_SUPPORTED | SGLS_KEYED | SGLS_OFFSET,
+            subnqn: FixedStr::new(c.subnqn(), "SUBNQN").unwrap_or(FixedStr::EMPTY),
+            ioccsz: (64 + limits.in_capsule_data_size) / 16,
+            iorcsz: 1,
+            icdoff: 0,
+            fcatt: 0,
+            msdbd: limits.msdbd,
+            ..IdentifyController::default()
+        };
+        if sub.is_some() {
+            id.oncs = ONCS;
+            id.vwc = VWC;
+        }
+        id
+    }
+
+    fn get_log_page(&mut self, c: &Controller, sqe: &Sqe, data: &mut IoBuf<'_, '_>) -> Cqe {
+        let Ok(cmd) = GetLogPageCmd::from_sqe(sqe) else {
+            return self.error(sqe, INVALID_FIELD);
+        };
+        let len = cmd.transfer_len();
+        if (data.len() as u64) < len {
+            return self.error(sqe, SGL_LENGTH_INVALID);
+        }
+        // LPO must be dword aligned.
+        if cmd.lpo % 4 != 0 {
+            return self.error(sqe, INVALID_FIELD);
+        }
+        let page: Vec<u8> = match (cmd.lid, c.is_discovery()) {
+            (LogId::Discovery, true) => {
+                let log = self.target.discovery_log(&c.hostnqn);
+                let mut b = vec![0u8; log.encoded_len()];
+                if log.encode_into(&mut b).is_err() {
+                    return self.error(sqe, INTERNAL_ERROR);
+                }
+                b
+            }
+            (LogId::ErrorInformation, _) => {
+                let s = c.state();
+                let mut b = vec![0u8; ERROR_LOG_ENTRIES * ERROR_LOG_ENTRY_SIZE];
+                for (e, chunk) in s
+                    .errors
+                    .iter()
+                    .zip(b.chunks_exact_mut(ERROR_LOG_ENTRY_SIZE))
+                {
+                    chunk.copy_from_slice(&e.to_bytes());
+                }
+                b
+            }
+            (LogId::SmartHealth, false) => {
+                let mut b = vec![0u8; SMART_LOG_SIZE];
+                if c.smart().encode_into(&mut b).is_err() {
+                    return self.error(sqe, INTERNAL_ERROR);
+                }
+                b
+            }
+            (LogId::ChangedNamespaceList, false) => {
+                let mut s = c.state();
+                let list = if s.changed_overflow {
+                    Ok(NsList::overflow())
+                } else {
+                    NsList::new(&s.changed_ns)
+                };
+                let mut b = vec![0u8; IDENTIFY_DATA_SIZE];
+                if list.and_then(|l| l.encode_into(&mut b)).is_err() {
+                    return self.error(sqe, INTERNAL_ERROR);
+                }
+                // Reading clears the list and re-arms the notice unless Retain Async Event.
+                if !cmd.rae {
+                    s.changed_ns.clear();
+                    s.changed_overflow = false;
+                    s.ns_notice_masked = false;
+                }
+                b
+            }
+            _ => return self.error(sqe, INVALID_LOG_PAGE),
+        };
+        let Some(from) = usize::try_from(cmd.lpo).ok().filter(|o| *o <= page.len()) else {
+            return self.error(sqe, INVALID_FIELD);
+        };
+        data.truncate(len as usize);
+        data.fill_from(&page[from..]);
+        self.success(sqe, 0)
+    }
+
+    fn set_features(&mut self, c: &Controller, sqe: &Sqe, now: Instant) -> Cqe {
+        let Ok(cmd) = sqe.as_set_features() else {
+            return self.error(sqe, INVALID_FIELD);
+        };
+        if cmd.save {
+            return self.error(sqe, FEATURE_NOT_SAVEABLE);
+        }
+        let discovery = c.is_discovery();
+        let Ok(feature) = Feature::decode(cmd.fid, cmd.cdw11) else {
+            return self.error(sqe, INVALID_FIELD);
+        };
+        let max_queues = self.target.limits().max_io_queues;
+        let mut s = c.state();
+        let result = match feature {
+            Feature::KeepAliveTimer(k) => {
+                s.kato_ms = k.kato_ms;
+                s.last_keep_alive = now;
+                0
+            }
+            Feature::AsyncEventConfig(a) => {
+                s.aec = a;
+                0
+            }
+            _ if discovery => return self.error(sqe, INVALID_FIELD),
+            Feature::NumberOfQueues(n) => {
+                if n.validate_request().is_err() {
+                    return self.error(sqe, INVALID_FIELD);
+                }
+                // Fixed once I/O queues exist.
+                if !s.io_qids.is_empty() {
+                    return self.error(sqe, SEQUENCE_ERROR);
+                }
+                let want = n.nsq.min(n.ncq).saturating_add(1);
+                let granted = want.min(max_queues);
+                s.io_queues_granted = Some(granted);
+                NumberOfQueues {
+                    nsq: granted - 1,
+                    ncq: granted - 1,
+                }
+                .to_dword()
+            }
+            Feature::VolatileWriteCache(v) => {
+                s.vwc_enabled = v.enabled;
+                0
+            }
+            Feature::Arbitration(a) => {
+                s.arbitration = a;
+                0
+            }
+            Feature::PowerManagement(p) => {
+                // NPSS = 0: power state 0 is the only one.
+                if p.power_state != 0 {
+                    return self.error(sqe, INVALID_FIELD);
+                }
+                s.power = p;
+                0
+            }
+        };
+        drop(s);
+        self.success(sqe, u64::from(result))
+    }
+
+    fn get_features(&mut self, c: &Controller, sqe: &Sqe) -> Cqe {
+        let Ok(cmd) = sqe.as_get_features() else {
+            return self.error(sqe, INVALID_FIELD);
+        };
+        let max_queues = self.target.limits().max_io_queues;
+        if cmd.sel == FeatureSelect::SupportedCapabilities {
+            // Nothing saveable, nothing namespace specific; all changeable.
+            return match cmd.fid {
+                FeatureId::Arbitration
+                | FeatureId::PowerManagement
+                | FeatureId::VolatileWriteCache
+                | FeatureId::NumberOfQueues
+                | FeatureId::AsyncEventConfig
+                | FeatureId::KeepAliveTimer => self.success(sqe, 1 << 2),
+                _ => self.error(sqe, INVALID_FIELD),
+            };
+        }
+        let default = cmd.sel == FeatureSelect::Default;
+        let s = c.state();
+        let value = match cmd.fid {
+            FeatureId::KeepAliveTimer => KeepAliveTimer {
+                kato_ms: if default { 0 } else { s.kato_ms },
+            }
+            .to_dword(),
+            FeatureId::AsyncEventConfig => if default {
+                AsyncEventConfig::default()
+            } else {
+                s.aec
+            }
+            .to_dword(),
+            _ if c.is_discovery() => return self.error(sqe, INVALID_FIELD),
+            FeatureId::NumberOfQueues => {
+                let n = if default {
+                    max_queues
+                } else {
+                    s.io_queues_granted.unwrap_or(max_queues)
+                };
+                NumberOfQueues {
+                    nsq: n - 1,
+                    ncq: n - 1,
+                }
+                .to_dword()
+            }
+            FeatureId::VolatileWriteCache => VolatileWriteCache {
+                enabled: default || s.vwc_enabled,
+            }
+            .to_dword(),
+            FeatureId::Arbitration => if default {
+                Arbitration::default()
+            } else {
+                s.arbitration
+            }
+            .to_dword(),
+            FeatureId::PowerManagement => if default {
+                PowerManagement::default()
+            } else {
+                s.power
+            }
+            .to_dword(),
+            _ => return self.error(sqe, INVALID_FIELD),
+        };
+        drop(s);
+        self.success(sqe, u64::from(value))
+    }
+
+    fn async_event_request(&mut self, c: &Controller, sqe: &Sqe, tag: u64) -> Exec {
+        match c.queue_aer(sqe.cid) {
+            Ok(Some(dw0)) => Exec::Done(self.success(sqe, u64::from(dw0))),
+            Ok(None) => {
+                self.aer_tags.push((sqe.cid, tag));
+                Exec::Pending
+            }
+            Err(_) => Exec::Done(self.error(sqe, AER_LIMIT_EXCEEDED)),
+        }
+    }
+}

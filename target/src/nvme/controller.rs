@@ -1,0 +1,376 @@
+//! A controller: the state one host's association with a subsystem (or with the discovery
+//! service) holds, shared by its admin queue and its I/O queues, which may live on different
+//! reactors.
+//!
+//! Everything here is control path: properties, features, the keep-alive timer, asynchronous
+//! events, the error log, and the list of its queues' counters. It sits behind one mutex that
+//! the I/O fast path never takes (I/O queues only read the immutable fields and an atomic
+//! `defunct` flag). Outstanding Asynchronous Event Requests wait here; the admin queue's
+//! reactor collects them once the `aer_ready` flag says an event arrived.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nvmf_protocol::Status;
+use nvmf_protocol::admin::{AsyncEvent, AsyncEventType, notice};
+use nvmf_protocol::features::{Arbitration, AsyncEventConfig, PowerManagement};
+use nvmf_protocol::log::{ErrorLogEntry, LogId, SmartLog};
+use nvmf_protocol::properties::{
+    Cap, Cc, Csts, PropertyOffset, ShutdownNotification, ShutdownStatus, Vs,
+};
+
+use super::counters::{IoCounters, IoSnapshot};
+use super::status::INVALID_FIELD;
+use super::subsystem::Subsystem;
+use super::target::Limits;
+
+/// Asynchronous Event Request Limit (AERL, 0's based): 4 outstanding.
+pub const AERL: u8 = 3;
+/// Error log entries kept (ELPE, 0's based, is this minus one).
+pub const ERROR_LOG_ENTRIES: usize = 16;
+/// Changed Namespace List entries kept before it reports overflow.
+const CHANGED_NS_MAX: usize = 1024;
+
+/// More Asynchronous Event Requests than AERL + 1 outstanding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AerLimitExceeded;
+
+/// One controller. See the module documentation.
+pub struct Controller {
+    /// Controller id.
+    pub cntlid: u16,
+    /// The subsystem; `None` for a discovery controller.
+    pub subsystem: Option<Arc<Subsystem>>,
+    /// Host NQN of the association.
+    pub hostnqn: String,
+    /// Host identifier of the association.
+    pub hostid: [u8; 16],
+    defunct: AtomicBool,
+    aer_ready: AtomicBool,
+    state: Mutex<State>,
+}
+
+/// The mutable part (see [`Controller::state`]).
+pub struct State {
+    /// CC as last set.
+    pub cc: Cc,
+    /// CSTS as the host reads it.
+    pub csts: Csts,
+    /// Keep Alive Timeout in ms (0 = disabled).
+    pub kato_ms: u32,
+    /// Last Keep Alive (or connect).
+    pub last_keep_alive: Instant,
+    /// I/O queues granted by Set Features Number of Queues (count, not 0's based).
+    pub io_queues_granted: Option<u16>,
+    /// Connected I/O queue ids.
+    pub io_qids: Vec<u16>,
+    /// Asynchronous Event Configuration.
+    pub aec: AsyncEventConfig,
+    /// Arbitration (stored, not enforced: fabrics queues are served round robin).
+    pub arbitration: Arbitration,
+    /// Power Management (only state 0 exists).
+    pub power: PowerManagement,
+    /// Volatile Write Cache enable (stored; flushes always reach the device).
+    pub vwc_enabled: bool,
+    /// CIDs of outstanding Asynchronous Event Requests, oldest first.
+    pub aer_cids: VecDeque<u16>,
+    /// Events waiting for an AER.
+    pub events: VecDeque<AsyncEvent>,
+    /// A namespace notice was reported and the host has not read log 0x04 yet.
+    pub ns_notice_masked: bool,
+    /// Changed Namespace List (since last read).
+    pub changed_ns: Vec<u32>,
+    /// More than [`CHANGED_NS_MAX`] changed.
+    pub changed_overflow: bool,
+    /// Counters of this controller's queues.
+    pub counters: Vec<Arc<IoCounters>>,
+    /// Most recent errors, newest first.
+    pub errors: VecDeque<ErrorLogEntry>,
+    /// Errors ever logged.
+    pub error_count: u64,
+    /// Shutdown flushes still in flight.
+    pub shutdown_flushes: usize,
+}
+
+impl Controller {
+    /// A new controller, disabled (CC.EN = 0), keep-alive timer started at `now`.
+    pub fn new(
+        cntlid: u16,
+        subsystem: Option<Arc<Subsystem>>,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        kato_ms: u32,
+        now: Instant,
+    ) -> Controller {
+        Controller {
+            cntlid,
+            subsystem,
+            hostnqn: hostnqn.to_owned(),
+            hostid,
+            defunct: AtomicBool::new(false),
+            aer_ready: AtomicBool::new(false),
+            state: Mutex::new(State {
+                cc: Cc::default(),
+                csts: Csts::default(),
+                kato_ms,
+                last_keep_alive: now,
+                io_queues_granted: None,
+                io_qids: Vec::new(),
+                aec: AsyncEventConfig::default(),
+                arbitration: Arbitration::default(),
+                power: PowerManagement::default(),
+                vwc_enabled: true,
+                aer_cids: VecDeque::new(),
+                events: VecDeque::new(),
+                ns_notice_masked: false,
+                changed_ns: Vec::new(),
+                changed_overflow: false,
+                counters: Vec::new(),
+                errors: VecDeque::new(),
+                error_count: 0,
+                shutdown_flushes: 0,
+            }),
+        }
+    }
+
+    /// A discovery controller.
+    pub fn is_discovery(&self) -> bool {
+        self.subsystem.is_none()
+    }
+
+    /// The subsystem NQN (the discovery NQN for a discovery controller).
+    pub fn subnqn(&self) -> &str {
+        self.subsystem
+            .as_ref()
+            .map_or(nvmf_protocol::DISCOVERY_NQN, |s| s.nqn.as_str())
+    }
+
+    /// The mutable state (control path only).
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        // State is updated field by field with no cross-field invariant a panic could break.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Torn down (keep-alive expiry or the admin queue left): queues should disconnect.
+    pub fn is_defunct(&self) -> bool {
+        self.defunct.load(Ordering::Acquire)
+    }
+
+    /// Mark torn down.
+    pub fn set_defunct(&self) {
+        self.defunct.store(true, Ordering::Release);
+    }
+
+    /// Ready (CC.EN = 1 and CSTS.RDY = 1).
+    pub fn is_ready(&self) -> bool {
+        self.state().csts.rdy
+    }
+
+    /// The keep-alive timer expired at `now` (KATO 0 never expires).
+    pub fn expired(&self, now: Instant) -> bool {
+        let s = self.state();
+        s.kato_ms != 0
+            && now.saturating_duration_since(s.last_keep_alive)
+                > Duration::from_millis(u64::from(s.kato_ms))
+    }
+
+    /// Restart the keep-alive timer.
+    pub fn keep_alive(&self, now: Instant) {
+        self.state().last_keep_alive = now;
+    }
+
+    /// Register a queue's counters.
+    pub fn add_counters(&self, c: Arc<IoCounters>) {
+        self.state().counters.push(c);
+    }
+
+    /// Sum of the queues' counters.
+    pub fn io_totals(&self) -> IoSnapshot {
+        let mut sum = IoSnapshot::default();
+        for c in &self.state().counters {
+            sum += c.snapshot();
+        }
+        sum
+    }
+
+    /// Property Get: the value, or Invalid Field for an unknown offset or a wrong size.
+    pub fn property_get(
+        &self,
+        offset: PropertyOffset,
+        size: usize,
+        limits: &Limits,
+    ) -> Result<u64, Status> {
+        if offset.width() != Some(size) {
+            return Err(INVALID_FIELD);
+        }
+        let s = self.state();
+        Ok(match offset {
+            PropertyOffset::Cap => cap(limits).to_u64(),
+            PropertyOffset::Vs => u64::from(Vs::V1_3.to_u32()),
+            PropertyOffset::Cc => u64::from(s.cc.to_u32()),
+            PropertyOffset::Csts => u64::from(s.csts.to_u32()),
+            _ => return Err(INVALID_FIELD),
+        })
+    }
+
+    /// Property Set: only CC is writable. Enabling with I/O queue entry sizes other than 64 /
+    /// 16 bytes sets CSTS.CFS (as a PCIe controller would) instead of RDY. Ok(true) when a
+    /// shutdown began (CSTS.SHST = Occurring): the caller flushes the namespaces and reports
+    /// how many flushes are in flight with [`Controller::shutdown_flushes`].
+    pub fn property_set(
+        &self,
+        offset: PropertyOffset,
+        size: usize,
+        value: u64,
+    ) -> Result<bool, Status> {
+        if offset != PropertyOffset::Cc || offset.width() != Some(size) {
+            return Err(INVALID_FIELD);
+        }
+        let cc = Cc::from_u32(value as u32);
+        let mut s = self.state();
+        let was = s.cc;
+        s.cc = cc;
+        if cc.en && !was.en {
+            let sizes_ok = self.is_discovery() || (cc.iosqes == 6 && cc.iocqes == 4);
+            if sizes_ok {
+                s.csts.rdy = true;
+                s.csts.shst = ShutdownStatus::Normal;
+            } else {
+                s.csts.cfs = true;
+            }
+        } else if !cc.en && was.en {
+            // Controller reset: not ready, fatal status cleared.
+            s.csts.rdy = false;
+            s.csts.cfs = false;
+        }
+        let shutdown =
+            cc.shn != ShutdownNotification::None && was.shn == ShutdownNotification::None;
+        if shutdown {
+            s.csts.shst = ShutdownStatus::Occurring;
+        }
+        Ok(shutdown)
+    }
+
+    /// `n` shutdown flushes are in flight (0: shutdown complete now).
+    pub fn shutdown_flushes(&self, n: usize) {
+        let mut s = self.state();
+        s.shutdown_flushes = n;
+        if n == 0 {
+            s.csts.shst = ShutdownStatus::Complete;
+        }
+    }
+
+    /// One shutdown flush finished; the last one completes the shutdown.
+    pub fn shutdown_flushed(&self) {
+        let mut s = self.state();
+        s.shutdown_flushes = s.shutdown_flushes.saturating_sub(1);
+        if s.shutdown_flushes == 0 {
+            s.csts.shst = ShutdownStatus::Complete;
+        }
+    }
+
+    /// A namespace was added or removed: remember it for log 0x04 and raise a namespace
+    /// attribute notice when the host enabled it and is not masked.
+    pub fn namespace_changed(&self, nsid: u32) {
+        let mut s = self.state();
+        if s.changed_ns.len() >= CHANGED_NS_MAX {
+            s.changed_overflow = true;
+        } else if !s.changed_ns.contains(&nsid) {
+            s.changed_ns.push(nsid);
+        }
+        if s.aec.namespace_attribute && !s.ns_notice_masked {
+            s.ns_notice_masked = true;
+            s.events.push_back(AsyncEvent {
+                event_type: AsyncEventType::Notice,
+                info: notice::NAMESPACE_ATTRIBUTE_CHANGED,
+                log_page: LogId::ChangedNamespaceList.raw(),
+            });
+            self.aer_ready.store(true, Ordering::Release);
+        }
+    }
+
+    /// Pair queued events with outstanding AERs: `(cid, dw0)` for each.
+    pub fn take_aer_completions(&self, out: &mut impl FnMut(u16, u32)) {
+        if !self.aer_ready.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let mut s = self.state();
+        while !s.events.is_empty() && !s.aer_cids.is_empty() {
+            if let (Some(e), Some(cid)) = (s.events.pop_front(), s.aer_cids.pop_front()) {
+                out(cid, e.to_dw0());
+            }
+        }
+    }
+
+    /// An AER arrived: Some(dw0) when an event already waits, else it is held; Err when
+    /// AERL + 1 are already outstanding.
+    pub fn queue_aer(&self, cid: u16) -> Result<Option<u32>, AerLimitExceeded> {
+        let mut s = self.state();
+        if let Some(e) = s.events.pop_front() {
+            return Ok(Some(e.to_dw0()));
+        }
+        if s.aer_cids.len() > usize::from(AERL) {
+            return Err(AerLimitExceeded);
+        }
+        s.aer_cids.push_back(cid);
+        Ok(None)
+    }
+
+    /// Log a failed command in the error log.
+    pub fn record_error(&self, sqid: u16, cid: u16, status: Status, nsid: u32, opcode: u8) {
+        let mut s = self.state();
+        s.error_count += 1;
+        let entry = ErrorLogEntry {
+            error_count: s.error_count,
+            sqid,
+            cid,
+            status_field: status.to_field(),
+            parameter_error_location: 0xFFFF,
+            lba: 0,
+            nsid,
+            vendor_specific: 0,
+            trtype: nvmf_protocol::log::TransportType::Rdma.raw(),
+            csi: 0,
+            opcode,
+            command_specific: 0,
+            transport_specific: 0,
+            log_page_version: 0,
+        };
+        s.errors.push_front(entry);
+        s.errors.truncate(ERROR_LOG_ENTRIES);
+    }
+
+    /// SMART / Health log from the queues' counters. Data units are thousands of 512-byte
+    /// units, rounded up.
+    pub fn smart(&self) -> SmartLog {
+        let t = self.io_totals();
+        let units = |bytes: u64| u128::from(bytes.div_ceil(512 * 1000));
+        let errors = self.state().error_count;
+        SmartLog {
+            // 0 Kelvin would read as "sensor broken": report a plausible 300 K.
+            composite_temperature: 300,
+            available_spare: 100,
+            available_spare_threshold: 10,
+            data_units_read: units(t.bytes_read),
+            data_units_written: units(t.bytes_written),
+            host_read_commands: u128::from(t.reads),
+            host_write_commands: u128::from(t.writes),
+            error_log_entries: u128::from(errors),
+            ..SmartLog::default()
+        }
+    }
+}
+
+/// CAP for these limits: MQES, CQR, TO, CSS NVM, DSTRD 0, MPSMIN/MAX 0 (4 KiB).
+pub fn cap(limits: &Limits) -> Cap {
+    Cap {
+        mqes: (limits.max_queue_depth - 1) as u16,
+        cqr: true,
+        // 500 ms units: 15 s to become ready is far more than we ever take.
+        to: 30,
+        css: Cap::CSS_NVM,
+        ..Cap::default()
+    }
+}

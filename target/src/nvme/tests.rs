@@ -1,0 +1,1230 @@
+//! An in-crate test host: builds SQEs with nvmf-protocol and drives `Queue`s with no
+//! transport, the way the RDMA glue will.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nvmf_protocol::fabrics::{
+    CNTLID_DYNAMIC, ConnectCmd, ConnectData, ConnectInvalidParameter, PropertyGetCmd,
+    PropertySetCmd, PropertySize,
+};
+use nvmf_protocol::identify::{IdentifyController, IdentifyNamespace, NsIdDescriptor, NsList};
+use nvmf_protocol::log::{DiscoveryLog, SmartLog};
+use nvmf_protocol::nvm::DsmRange;
+use nvmf_protocol::properties::{
+    Cap, Cc, Csts, PropertyOffset, ShutdownNotification, ShutdownStatus,
+};
+use nvmf_protocol::status::{CommandSpecificStatus, FabricsStatus, GenericStatus, MediaStatus};
+use nvmf_protocol::{Cqe, FixedStr, SglDescriptor, Sqe, StatusCode};
+
+use crate::bdev::{FileBdev, IoBuf, MallocBdev, NullBdev};
+
+use super::*;
+
+const SUBNQN: &str = "nqn.2016-06.io.nvmf-rs:test";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:2b4c8d1e-0f3a-4e5b-9c6d-7e8f9a0b1c2d";
+const OTHER_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0f3a-4e5b-9c6d-7e8f9a0b1c2d";
+const HOSTID: [u8; 16] = [7; 16];
+
+fn listener() -> SocketAddr {
+    "127.0.0.1:4420".parse().unwrap()
+}
+
+/// A target with one subsystem: nsid 1 malloc (512 B blocks, 1 MiB), nsid 2 null (4 KiB).
+fn target(allow_any: bool) -> Arc<Target> {
+    let mut t = Target::new(Limits::default(), vec![listener()]);
+    let m = t.add_bdev("m0", Arc::new(MallocBdev::new("m0", 512, 1 << 20).unwrap()));
+    let n = t.add_bdev("n0", Arc::new(NullBdev::new("n0", 4096, 1 << 30).unwrap()));
+    t.add_bdev(
+        "spare",
+        Arc::new(MallocBdev::new("spare", 512, 1 << 16).unwrap()),
+    );
+    let hosts = if allow_any {
+        vec![]
+    } else {
+        vec![HOST.to_owned()]
+    };
+    let sub = Arc::new(Subsystem::new(
+        SUBNQN,
+        "SN1",
+        "MODEL",
+        allow_any,
+        hosts,
+        16,
+        vec![listener()],
+    ));
+    for (nsid, index) in [(1, m), (2, n)] {
+        let bdev = t.bdev(index).unwrap();
+        sub.add_namespace(Namespace {
+            nsid,
+            bdev_index: index,
+            info: bdev.info().clone(),
+            bdev,
+            uuid: Some([nsid as u8; 16]),
+            nguid: Some([0xA0 + nsid as u8; 16]),
+        })
+        .unwrap();
+    }
+    t.add_subsystem(sub);
+    Arc::new(t)
+}
+
+struct Host {
+    target: Arc<Target>,
+    io: ReactorIo,
+    now: Instant,
+    next_cid: u16,
+}
+
+impl Host {
+    fn new(target: Arc<Target>) -> Host {
+        Host {
+            io: ReactorIo::new(target.clone()),
+            target,
+            now: Instant::now(),
+            next_cid: 1,
+        }
+    }
+
+    fn queue(&mut self) -> Queue {
+        Queue::new(self.target.clone(), &mut self.io, listener(), 128)
+    }
+
+    /// Execute and wait (polling the reactor I/O context and the queue's events).
+    fn exec(&mut self, q: &mut Queue, mut sqe: Sqe, data: &mut [u8]) -> Cqe {
+        sqe.cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        let tag = u64::from(sqe.cid) + 1000;
+        let mut segs = [data];
+        let mut buf = IoBuf::new(&mut segs);
+        match q.execute(&mut self.io, &sqe, &mut buf, tag, self.now) {
+            Exec::Done(cqe) => {
+                assert_eq!(cqe.cid, sqe.cid);
+                cqe
+            }
+            Exec::Pending => loop {
+                let mut got = None;
+                self.io.poll(&mut |t, c| {
+                    assert_eq!(t, tag);
+                    got = Some(c);
+                });
+                if let Some(c) = got {
+                    return c;
+                }
+            },
+        }
+    }
+
+    fn connect(
+        &mut self,
+        q: &mut Queue,
+        qid: u16,
+        sqsize: u16,
+        cntlid: u16,
+        subnqn: &str,
+        hostnqn: &str,
+    ) -> Cqe {
+        let cmd = ConnectCmd {
+            cid: 0,
+            recfmt: 0,
+            qid,
+            sqsize,
+            cattr: 0,
+            kato: 15_000,
+            sgl: SglDescriptor::keyed(0x1000, 1024, 0x55, true).unwrap(),
+        };
+        let mut data = ConnectData {
+            hostid: HOSTID,
+            cntlid,
+            subnqn: FixedStr::new(subnqn, "SUBNQN").unwrap(),
+            hostnqn: FixedStr::new(hostnqn, "HOSTNQN").unwrap(),
+        }
+        .to_bytes();
+        self.exec(q, cmd.to_sqe(), &mut data)
+    }
+
+    fn prop_set(&mut self, q: &mut Queue, offset: PropertyOffset, value: u64) -> Cqe {
+        let size = if offset == PropertyOffset::Cap {
+            PropertySize::Eight
+        } else {
+            PropertySize::Four
+        };
+        self.exec(
+            q,
+            PropertySetCmd {
+                cid: 0,
+                size,
+                offset,
+                value,
+            }
+            .to_sqe(),
+            &mut [],
+        )
+    }
+
+    fn prop_get(&mut self, q: &mut Queue, offset: PropertyOffset) -> Cqe {
+        let size = if offset == PropertyOffset::Cap {
+            PropertySize::Eight
+        } else {
+            PropertySize::Four
+        };
+        self.exec(
+            q,
+            PropertyGetCmd {
+                cid: 0,
+                size,
+                offset,
+            }
+            .to_sqe(),
+            &mut [],
+        )
+    }
+
+    /// Admin connect + CC.EN = 1; returns the queue and its controller id.
+    fn admin(&mut self) -> (Queue, u16) {
+        let mut q = self.queue();
+        let c = self.connect(&mut q, 0, 31, CNTLID_DYNAMIC, SUBNQN, HOST);
+        assert!(c.status.is_success(), "{c:?}");
+        let cc = Cc {
+            en: true,
+            iosqes: 6,
+            iocqes: 4,
+            ..Cc::default()
+        };
+        assert!(
+            self.prop_set(&mut q, PropertyOffset::Cc, u64::from(cc.to_u32()))
+                .status
+                .is_success()
+        );
+        (q, c.dw0 as u16)
+    }
+
+    fn io_queue(&mut self, qid: u16, cntlid: u16) -> Queue {
+        let mut q = self.queue();
+        let c = self.connect(&mut q, qid, 127, cntlid, SUBNQN, HOST);
+        assert!(c.status.is_success(), "{c:?}");
+        q
+    }
+}
+
+fn rw(opcode: u8, nsid: u32, lba: u64, blocks: u32) -> Sqe {
+    let mut s = Sqe::new(opcode, 0, nsid);
+    s.cdw10 = lba as u32;
+    s.cdw11 = (lba >> 32) as u32;
+    s.cdw12 = blocks - 1;
+    s
+}
+
+fn admin_cmd(opcode: u8, nsid: u32, cdw10: u32, cdw11: u32) -> Sqe {
+    let mut s = Sqe::new(opcode, 0, nsid);
+    s.cdw10 = cdw10;
+    s.cdw11 = cdw11;
+    s
+}
+
+fn get_log(lid: u8, bytes: u32, lpo: u64) -> Sqe {
+    let numd = bytes / 4 - 1;
+    let mut s = admin_cmd(
+        0x02,
+        0xFFFF_FFFF,
+        u32::from(lid) | ((numd & 0xFFFF) << 16),
+        numd >> 16,
+    );
+    s.cdw12 = lpo as u32;
+    s.cdw13 = (lpo >> 32) as u32;
+    s
+}
+
+fn generic(c: &Cqe) -> Option<GenericStatus> {
+    match c.status.code {
+        StatusCode::Generic(g) => Some(g),
+        _ => None,
+    }
+}
+
+fn fabrics_status(c: &Cqe) -> FabricsStatus {
+    match c
+        .status
+        .in_context(nvmf_protocol::StatusContext::Fabrics)
+        .code
+    {
+        StatusCode::Fabrics(f) => f,
+        other => panic!("not a fabrics status: {other:?}"),
+    }
+}
+
+#[test]
+fn bring_up_identify_features_and_io() {
+    let mut h = Host::new(target(true));
+    let (mut aq, cntlid) = h.admin();
+    assert_ne!(cntlid, 0xFFFF);
+    let cap = Cap::from_u64(h.prop_get(&mut aq, PropertyOffset::Cap).result64());
+    assert_eq!(cap.mqes, 127);
+    assert_eq!(cap.css & Cap::CSS_NVM, Cap::CSS_NVM);
+    assert_eq!(cap.dstrd, 0);
+    assert!(cap.to > 0);
+    assert_eq!(h.prop_get(&mut aq, PropertyOffset::Vs).dw0, 0x0001_0300);
+    assert!(Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).rdy);
+
+    // Identify Controller.
+    let mut page = vec![0u8; 4096];
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page)
+            .status
+            .is_success()
+    );
+    let id = IdentifyController::decode(&page).unwrap();
+    assert_eq!(id.cntlid, cntlid);
+    assert_eq!(id.mdts, 5);
+    assert_eq!(
+        id.sgls & ((1 << 2) | (1 << 20) | 1),
+        (1 << 2) | (1 << 20) | 1
+    );
+    assert_eq!(id.ioccsz, (64 + 4096) / 16);
+    assert_eq!(id.iorcsz, 1);
+    assert_eq!(id.icdoff, 0);
+    assert_eq!(id.msdbd, 16);
+    assert_eq!(id.kas, 100);
+    assert_eq!(id.subnqn.as_str(), SUBNQN);
+    assert_eq!(id.nn, 16);
+    assert_eq!((id.sqes, id.cqes), (0x66, 0x44));
+    assert_eq!(id.maxcmd, 128);
+    assert_eq!(id.vwc & 1, 1);
+    assert_eq!(id.oncs, 0b1101);
+    assert_eq!(id.sn.as_str(), "SN1");
+
+    // Namespaces.
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x06, 1, 0, 0), &mut page)
+            .status
+            .is_success()
+    );
+    let ns = IdentifyNamespace::decode(&page).unwrap();
+    assert_eq!(ns.nsze, 2048);
+    assert_eq!(ns.block_size(), Some(512));
+    assert_eq!(ns.nguid, [0xA1; 16]);
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x06, 0, 2, 0), &mut page)
+            .status
+            .is_success()
+    );
+    assert_eq!(NsList::decode(&page).unwrap().as_slice(), &[1, 2]);
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x06, 1, 2, 0), &mut page)
+            .status
+            .is_success()
+    );
+    assert_eq!(NsList::decode(&page).unwrap().as_slice(), &[2]);
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x06, 2, 3, 0), &mut page)
+            .status
+            .is_success()
+    );
+    let d = NsIdDescriptor::decode_list(&page).unwrap();
+    assert!(
+        d.contains(&NsIdDescriptor::Uuid([2; 16]))
+            && d.contains(&NsIdDescriptor::Nguid([0xA2; 16]))
+    );
+    // Inactive NSID in range: zeroes; out of range: Invalid Namespace.
+    page.fill(1);
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x06, 9, 0, 0), &mut page)
+            .status
+            .is_success()
+    );
+    assert!(page.iter().all(|b| *b == 0));
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x06, 17, 0, 0), &mut page)),
+        Some(GenericStatus::InvalidNamespaceOrFormat)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x06, 9, 3, 0), &mut page)),
+        Some(GenericStatus::InvalidNamespaceOrFormat)
+    );
+
+    // Features.
+    let nq = h.exec(&mut aq, admin_cmd(0x09, 0, 0x07, (3 << 16) | 3), &mut []);
+    assert_eq!(nq.dw0, (3 << 16) | 3);
+    assert_eq!(
+        h.exec(&mut aq, admin_cmd(0x0A, 0, 0x07, 0), &mut []).dw0,
+        (3 << 16) | 3
+    );
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x09, 0, 0x0F, 20_000), &mut [])
+            .status
+            .is_success()
+    );
+    assert_eq!(
+        h.exec(&mut aq, admin_cmd(0x0A, 0, 0x0F, 0), &mut []).dw0,
+        20_000
+    );
+    for (fid, v) in [
+        (0x01u32, 0x0302_0107u32),
+        (0x06, 0),
+        (0x0B, 1 << 8),
+        (0x02, 0),
+    ] {
+        assert!(
+            h.exec(&mut aq, admin_cmd(0x09, 0, fid, v), &mut [])
+                .status
+                .is_success(),
+            "fid {fid}"
+        );
+        assert_eq!(
+            h.exec(&mut aq, admin_cmd(0x0A, 0, fid, 0), &mut []).dw0,
+            v,
+            "fid {fid}"
+        );
+    }
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x18, 0, 0, 0), &mut [])
+            .status
+            .is_success()
+    );
+    assert_eq!(
+        h.exec(&mut aq, admin_cmd(0x08, 0, 0, 0), &mut []).dw0 & 1,
+        1
+    );
+
+    // I/O queue 1..=4 allowed, 5 not.
+    let mut q = h.io_queue(1, cntlid);
+    let mut q5 = h.queue();
+    let c = h.connect(&mut q5, 5, 127, cntlid, SUBNQN, HOST);
+    assert_eq!(fabrics_status(&c), FabricsStatus::InvalidParameters);
+    assert_eq!(
+        ConnectInvalidParameter::from_dw0(c.dw0),
+        ConnectInvalidParameter::QID
+    );
+    // Number of Queues is fixed once I/O queues exist.
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x09, 0, 0x07, 0), &mut [])),
+        Some(GenericStatus::CommandSequenceError)
+    );
+
+    // Write, read back, compare, flush, write zeroes, deallocate.
+    let pattern: Vec<u8> = (0..4096).map(|i| (i * 31 % 253) as u8).collect();
+    let mut data = pattern.clone();
+    assert!(
+        h.exec(&mut q, rw(0x01, 1, 10, 8), &mut data)
+            .status
+            .is_success()
+    );
+    let mut back = vec![0u8; 4096];
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 10, 8), &mut back)
+            .status
+            .is_success()
+    );
+    assert_eq!(back, pattern);
+    assert!(
+        h.exec(&mut q, rw(0x05, 1, 10, 8), &mut back)
+            .status
+            .is_success()
+    );
+    back[100] ^= 0xFF;
+    let c = h.exec(&mut q, rw(0x05, 1, 10, 8), &mut back);
+    assert_eq!(
+        c.status.code,
+        StatusCode::Media(MediaStatus::CompareFailure)
+    );
+    assert!(
+        h.exec(&mut q, rw(0x00, 1, 0, 1), &mut [])
+            .status
+            .is_success()
+    );
+    assert!(
+        h.exec(&mut q, rw(0x08, 1, 11, 1), &mut [])
+            .status
+            .is_success()
+    );
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 10, 8), &mut back)
+            .status
+            .is_success()
+    );
+    assert_eq!(back[..512], pattern[..512]);
+    assert!(back[512..1024].iter().all(|b| *b == 0));
+    assert_eq!(back[1024..], pattern[1024..]);
+    let mut ranges = [0u8; 32];
+    DsmRange {
+        context_attributes: 0,
+        length: 1,
+        slba: 10,
+    }
+    .encode_into(&mut ranges)
+    .unwrap();
+    DsmRange {
+        context_attributes: 0,
+        length: 2,
+        slba: 16,
+    }
+    .encode_into(&mut ranges[16..])
+    .unwrap();
+    let mut dsm = Sqe::new(0x09, 0, 1);
+    dsm.cdw10 = 1;
+    dsm.cdw11 = 1 << 2;
+    assert!(h.exec(&mut q, dsm, &mut ranges).status.is_success());
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 10, 8), &mut back)
+            .status
+            .is_success()
+    );
+    assert!(back[..512].iter().all(|b| *b == 0));
+    assert_eq!(back[1024..3072], pattern[1024..3072]);
+    assert!(back[3072..].iter().all(|b| *b == 0));
+    // Null namespace: reads zeroes.
+    let mut z = vec![1u8; 4096];
+    assert!(
+        h.exec(&mut q, rw(0x02, 2, 5, 1), &mut z)
+            .status
+            .is_success()
+    );
+    assert!(z.iter().all(|b| *b == 0));
+
+    // SMART counts what the host did.
+    let mut smart = vec![0u8; 512];
+    assert!(
+        h.exec(&mut aq, get_log(0x02, 512, 0), &mut smart)
+            .status
+            .is_success()
+    );
+    let s = SmartLog::decode(&smart).unwrap();
+    assert_eq!(s.host_write_commands, 1);
+    assert_eq!(s.host_read_commands, 6);
+    assert_eq!(s.data_units_written, 1);
+    assert_eq!(s.data_units_read, 1);
+    assert!(s.composite_temperature > 0);
+    // The error log holds the compare failure.
+    let mut errors = vec![0u8; 64];
+    assert!(
+        h.exec(&mut aq, get_log(0x01, 64, 0), &mut errors)
+            .status
+            .is_success()
+    );
+    let e = nvmf_protocol::log::ErrorLogEntry::decode(&errors).unwrap();
+    assert_eq!(e.sqid, 1);
+    assert_eq!(e.opcode, 0x05);
+
+    // Disconnect of the I/O queue; shutdown of the controller.
+    let disc = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);
+    assert!(h.exec(&mut q, disc, &mut []).status.is_success());
+    assert!(q.should_disconnect());
+    let cc = Cc {
+        en: true,
+        iosqes: 6,
+        iocqes: 4,
+        shn: ShutdownNotification::Normal,
+        ..Cc::default()
+    };
+    assert!(
+        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()))
+            .status
+            .is_success()
+    );
+    assert_eq!(
+        Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).shst,
+        ShutdownStatus::Complete
+    );
+}
+
+/// qid, sqsize, cntlid, subnqn, hostnqn, expected status, expected IPO.
+type ConnectCase = (
+    u16,
+    u16,
+    u16,
+    &'static str,
+    &'static str,
+    FabricsStatus,
+    Option<ConnectInvalidParameter>,
+);
+
+#[test]
+fn connect_errors_carry_status_and_ipo() {
+    let mut h = Host::new(target(false));
+    let (_aq, cntlid) = h.admin();
+    let cases: Vec<ConnectCase> = vec![
+        (
+            0,
+            31,
+            CNTLID_DYNAMIC,
+            "nqn.2016-06.io.nvmf-rs:nope",
+            HOST,
+            FabricsStatus::InvalidParameters,
+            Some(ConnectInvalidParameter::SUBNQN),
+        ),
+        (
+            0,
+            31,
+            CNTLID_DYNAMIC,
+            SUBNQN,
+            OTHER_HOST,
+            FabricsStatus::InvalidHost,
+            None,
+        ),
+        (
+            0,
+            0,
+            CNTLID_DYNAMIC,
+            SUBNQN,
+            HOST,
+            FabricsStatus::InvalidParameters,
+            Some(ConnectInvalidParameter::SQSIZE),
+        ),
+        (
+            0,
+            128,
+            CNTLID_DYNAMIC,
+            SUBNQN,
+            HOST,
+            FabricsStatus::InvalidParameters,
+            Some(ConnectInvalidParameter::SQSIZE),
+        ),
+        (
+            0,
+            31,
+            3,
+            SUBNQN,
+            HOST,
+            FabricsStatus::InvalidParameters,
+            Some(ConnectInvalidParameter::CNTLID),
+        ),
+        (
+            1,
+            127,
+            0x4321,
+            SUBNQN,
+            HOST,
+            FabricsStatus::InvalidParameters,
+            Some(ConnectInvalidParameter::CNTLID),
+        ),
+        (
+            1,
+            128,
+            cntlid,
+            SUBNQN,
+            HOST,
+            FabricsStatus::InvalidParameters,
+            Some(ConnectInvalidParameter::SQSIZE),
+        ),
+        (
+            65,
+            127,
+            cntlid,
+            SUBNQN,
+            HOST,
+            FabricsStatus::InvalidParameters,
+            Some(ConnectInvalidParameter::QID),
+        ),
+        (
+            1,
+            127,
+            cntlid,
+            nvmf_protocol::DISCOVERY_NQN,
+            HOST,
+            FabricsStatus::InvalidParameters,
+            Some(ConnectInvalidParameter::QID),
+        ),
+    ];
+    for (i, (qid, sqsize, cid, sub, host, want, ipo)) in cases.into_iter().enumerate() {
+        let mut q = h.queue();
+        let c = h.connect(&mut q, qid, sqsize, cid, sub, host);
+        assert_eq!(fabrics_status(&c), want, "case {i}");
+        assert!(c.status.dnr, "case {i}");
+        if let Some(p) = ipo {
+            assert_eq!(ConnectInvalidParameter::from_dw0(c.dw0), p, "case {i}");
+        }
+        assert!(matches!(q.state(), QueueState::Unbound), "case {i}");
+    }
+    // A controller id owned by another host (same NQN, other HOSTID).
+    let mut q = h.queue();
+    let cmd = ConnectCmd {
+        cid: 0,
+        recfmt: 0,
+        qid: 1,
+        sqsize: 31,
+        cattr: 0,
+        kato: 0,
+        sgl: SglDescriptor::NULL,
+    };
+    let mut data = ConnectData {
+        hostid: [9; 16],
+        cntlid,
+        subnqn: FixedStr::new(SUBNQN, "s").unwrap(),
+        hostnqn: FixedStr::new(HOST, "h").unwrap(),
+    }
+    .to_bytes();
+    let c = h.exec(&mut q, cmd.to_sqe(), &mut data);
+    assert_eq!(fabrics_status(&c), FabricsStatus::InvalidParameters);
+    // RECFMT other than 0.
+    let mut bad = cmd.to_sqe();
+    bad.cdw10 |= 1;
+    assert_eq!(
+        fabrics_status(&h.exec(&mut q, bad, &mut data)),
+        FabricsStatus::IncompatibleFormat
+    );
+    // Connect data too short.
+    assert_eq!(
+        generic(&h.exec(&mut q, cmd.to_sqe(), &mut [0u8; 100])),
+        Some(GenericStatus::DataSglLengthInvalid)
+    );
+    // Anything but Connect first.
+    assert_eq!(
+        generic(&h.exec(&mut q, admin_cmd(0x06, 0, 1, 0), &mut [0u8; 4096])),
+        Some(GenericStatus::CommandSequenceError)
+    );
+}
+
+#[test]
+fn io_connect_before_enable_and_admin_before_ready() {
+    let mut h = Host::new(target(true));
+    let mut aq = h.queue();
+    let c = h.connect(&mut aq, 0, 31, CNTLID_DYNAMIC, SUBNQN, HOST);
+    let cntlid = c.dw0 as u16;
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut [0u8; 4096])),
+        Some(GenericStatus::CommandSequenceError)
+    );
+    let mut q = h.queue();
+    assert_eq!(
+        generic(&h.connect(&mut q, 1, 31, cntlid, SUBNQN, HOST)),
+        Some(GenericStatus::CommandSequenceError)
+    );
+    // Bad entry sizes: fatal status instead of ready.
+    let cc = Cc {
+        en: true,
+        iosqes: 5,
+        iocqes: 4,
+        ..Cc::default()
+    };
+    h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()));
+    let csts = Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0);
+    assert!(csts.cfs && !csts.rdy);
+    // Read-only and unknown properties, wrong size.
+    assert_eq!(
+        generic(&h.prop_set(&mut aq, PropertyOffset::Csts, 1)),
+        Some(GenericStatus::InvalidField)
+    );
+    assert_eq!(
+        generic(&h.prop_get(&mut aq, PropertyOffset::Unknown(0x40))),
+        Some(GenericStatus::InvalidField)
+    );
+    let wrong = PropertyGetCmd {
+        cid: 0,
+        size: PropertySize::Four,
+        offset: PropertyOffset::Cap,
+    }
+    .to_sqe();
+    assert_eq!(
+        generic(&h.exec(&mut aq, wrong, &mut [])),
+        Some(GenericStatus::InvalidField)
+    );
+}
+
+#[test]
+fn admin_error_paths() {
+    let mut h = Host::new(target(true));
+    let (mut aq, _) = h.admin();
+    let mut page = vec![0u8; 4096];
+    for op in [0x01u8, 0x05, 0x80, 0x7C, 0xC0] {
+        let c = h.exec(&mut aq, admin_cmd(op, 0, 0, 0), &mut page);
+        assert_eq!(
+            generic(&c),
+            Some(GenericStatus::InvalidOpcode),
+            "opcode {op:#x}"
+        );
+        assert!(c.status.dnr);
+    }
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x06, 0, 0x1F, 0), &mut page)),
+        Some(GenericStatus::InvalidField)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page[..100])),
+        Some(GenericStatus::DataSglLengthInvalid)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x09, 0, 0x02, 1), &mut [])),
+        Some(GenericStatus::InvalidField)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x09, 0, 0x07, 0xFFFF), &mut [])),
+        Some(GenericStatus::InvalidField)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x09, 0, 0x04, 0), &mut [])),
+        Some(GenericStatus::InvalidField)
+    );
+    assert_eq!(
+        h.exec(&mut aq, admin_cmd(0x09, 0, 0x07 | (1 << 31), 0), &mut [])
+            .status
+            .code,
+        StatusCode::CommandSpecific(CommandSpecificStatus::FeatureNotSaveable)
+    );
+    assert_eq!(
+        h.exec(&mut aq, get_log(0x03, 512, 0), &mut page)
+            .status
+            .code,
+        StatusCode::CommandSpecific(CommandSpecificStatus::InvalidLogPage)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, get_log(0x02, 512, 2), &mut page)),
+        Some(GenericStatus::InvalidField)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, get_log(0x02, 512, 1024), &mut page)),
+        Some(GenericStatus::InvalidField)
+    );
+    // Property Get on an I/O queue.
+    let cntlid = aq.controller().unwrap().cntlid;
+    let mut q = h.io_queue(1, cntlid);
+    assert_eq!(
+        fabrics_status(&h.prop_get(&mut q, PropertyOffset::Vs)),
+        FabricsStatus::InvalidQueueType
+    );
+}
+
+#[test]
+fn nvm_error_paths() {
+    let mut h = Host::new(target(true));
+    let (_aq, cntlid) = h.admin();
+    let mut q = h.io_queue(1, cntlid);
+    let mut data = vec![0u8; 256 * 1024];
+    let cases = [
+        (rw(0x02, 3, 0, 1), GenericStatus::InvalidNamespaceOrFormat),
+        (rw(0x02, 0, 0, 1), GenericStatus::InvalidNamespaceOrFormat),
+        (
+            rw(0x00, 0xFFFF_FFFF, 0, 1),
+            GenericStatus::InvalidNamespaceOrFormat,
+        ),
+        (rw(0x02, 1, 2047, 2), GenericStatus::LbaOutOfRange),
+        (rw(0x01, 1, 2048, 1), GenericStatus::LbaOutOfRange),
+        (rw(0x02, 1, u64::MAX, 1), GenericStatus::LbaOutOfRange),
+        (rw(0x08, 1, 2040, 16), GenericStatus::LbaOutOfRange),
+        // 257 blocks of 512 B > 128 KiB MDTS.
+        (rw(0x02, 1, 0, 257), GenericStatus::InvalidField),
+        (rw(0x0C, 1, 0, 1), GenericStatus::InvalidOpcode),
+        (rw(0x04, 1, 0, 1), GenericStatus::InvalidOpcode),
+    ];
+    for (i, (sqe, want)) in cases.into_iter().enumerate() {
+        let c = h.exec(&mut q, sqe, &mut data);
+        assert_eq!(generic(&c), Some(want), "case {i}");
+        assert!(c.status.dnr, "case {i}");
+    }
+    assert_eq!(
+        generic(&h.exec(&mut q, rw(0x01, 1, 0, 8), &mut data[..1000])),
+        Some(GenericStatus::DataSglLengthInvalid)
+    );
+    let mut dsm = Sqe::new(0x09, 0, 1);
+    dsm.cdw11 = 1 << 2;
+    let mut r = [0u8; 16];
+    DsmRange {
+        context_attributes: 0,
+        length: 4,
+        slba: 2046,
+    }
+    .encode_into(&mut r)
+    .unwrap();
+    assert_eq!(
+        generic(&h.exec(&mut q, dsm, &mut r)),
+        Some(GenericStatus::LbaOutOfRange)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut q, dsm, &mut r[..8])),
+        Some(GenericStatus::DataSglLengthInvalid)
+    );
+    // A second Connect on a bound queue.
+    assert_eq!(
+        generic(&h.connect(&mut q, 1, 127, cntlid, SUBNQN, HOST)),
+        Some(GenericStatus::CommandSequenceError)
+    );
+}
+
+#[test]
+fn async_event_on_namespace_change() {
+    let mut h = Host::new(target(true));
+    let (mut aq, _) = h.admin();
+    // Enable namespace attribute notices.
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x09, 0, 0x0B, 1 << 8), &mut [])
+            .status
+            .is_success()
+    );
+    let mut aer = Sqe::new(0x0C, 77, 0);
+    let mut none: [&mut [u8]; 0] = [];
+    let mut buf = IoBuf::new(&mut none);
+    assert_eq!(
+        aq.execute(&mut h.io, &aer, &mut buf, 4242, h.now),
+        Exec::Pending
+    );
+    assert_eq!(aq.poll_events(&mut |_, _| panic!("no event yet")), 0);
+    h.target.add_namespace(SUBNQN, 5, "spare").unwrap();
+    let mut got = vec![];
+    assert_eq!(aq.poll_events(&mut |tag, c| got.push((tag, c))), 1);
+    assert_eq!(got[0].0, 4242);
+    assert_eq!(got[0].1.cid, 77);
+    let ev = nvmf_protocol::admin::AsyncEvent::from_dw0(got[0].1.dw0);
+    assert_eq!(ev.event_type, nvmf_protocol::admin::AsyncEventType::Notice);
+    assert_eq!(ev.log_page, 0x04);
+    let mut page = vec![0u8; 4096];
+    assert!(
+        h.exec(&mut aq, get_log(0x04, 4096, 0), &mut page)
+            .status
+            .is_success()
+    );
+    assert_eq!(NsList::decode(&page).unwrap().as_slice(), &[5]);
+    // Read clears it.
+    assert!(
+        h.exec(&mut aq, get_log(0x04, 4096, 0), &mut page)
+            .status
+            .is_success()
+    );
+    assert!(NsList::decode(&page).unwrap().as_slice().is_empty());
+    // The new namespace is visible to I/O.
+    let cntlid = aq.controller().unwrap().cntlid;
+    let mut q = h.io_queue(1, cntlid);
+    let mut d = vec![3u8; 512];
+    assert!(
+        h.exec(&mut q, rw(0x01, 5, 0, 1), &mut d)
+            .status
+            .is_success()
+    );
+    h.target.remove_namespace(SUBNQN, 5).unwrap();
+    assert_eq!(
+        generic(&h.exec(&mut q, rw(0x02, 5, 0, 1), &mut d)),
+        Some(GenericStatus::InvalidNamespaceOrFormat)
+    );
+    // Reading log 0x04 re-armed the notice, so the removal's event waits and the next AER
+    // completes at once with it.
+    aer.cid = 99;
+    match aq.execute(&mut h.io, &aer, &mut buf, 1, h.now) {
+        Exec::Done(c) => assert_eq!(
+            nvmf_protocol::admin::AsyncEvent::from_dw0(c.dw0).log_page,
+            0x04
+        ),
+        Exec::Pending => panic!("queued event not delivered"),
+    }
+    // AERL + 1 outstanding at most.
+    for i in 0..=AERL {
+        aer.cid = 100 + u16::from(i);
+        assert_eq!(
+            aq.execute(&mut h.io, &aer, &mut buf, 1, h.now),
+            Exec::Pending,
+            "aer {i}"
+        );
+    }
+    aer.cid = 200;
+    match aq.execute(&mut h.io, &aer, &mut buf, 1, h.now) {
+        Exec::Done(c) => assert_eq!(
+            c.status.code,
+            StatusCode::CommandSpecific(CommandSpecificStatus::AsyncEventRequestLimitExceeded)
+        ),
+        Exec::Pending => panic!("limit not enforced"),
+    }
+}
+
+#[test]
+fn keep_alive_expiry_tears_the_controller_down() {
+    let mut h = Host::new(target(true));
+    let (mut aq, cntlid) = h.admin();
+    let q = h.io_queue(1, cntlid);
+    let t0 = h.now;
+    assert!(
+        h.target
+            .reap_expired(t0 + Duration::from_millis(14_000))
+            .is_empty()
+    );
+    h.now = t0 + Duration::from_millis(14_000);
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x18, 0, 0, 0), &mut [])
+            .status
+            .is_success()
+    );
+    assert!(
+        h.target
+            .reap_expired(t0 + Duration::from_millis(28_000))
+            .is_empty()
+    );
+    assert!(!q.should_disconnect());
+    assert_eq!(
+        h.target.reap_expired(t0 + Duration::from_millis(29_001)),
+        vec![cntlid]
+    );
+    assert!(q.should_disconnect() && aq.should_disconnect());
+    assert!(h.target.controller(cntlid).is_none());
+    // Its id is free: an I/O connect to it fails.
+    let mut q2 = h.queue();
+    assert_eq!(
+        fabrics_status(&h.connect(&mut q2, 2, 31, cntlid, SUBNQN, HOST)),
+        FabricsStatus::InvalidParameters
+    );
+}
+
+#[test]
+fn admin_disconnect_frees_the_controller() {
+    let mut h = Host::new(target(true));
+    let (aq, cntlid) = h.admin();
+    let q = h.io_queue(1, cntlid);
+    drop(aq);
+    assert!(h.target.controller(cntlid).is_none());
+    assert!(q.should_disconnect());
+}
+
+#[test]
+fn discovery_lists_what_the_host_may_see() {
+    let mut t = Target::new(Limits::default(), vec![listener()]);
+    for (nqn, any, hosts) in [
+        ("nqn.2016-06.io.nvmf-rs:open", true, vec![]),
+        (
+            "nqn.2016-06.io.nvmf-rs:closed",
+            false,
+            vec![OTHER_HOST.to_owned()],
+        ),
+    ] {
+        t.add_subsystem(Arc::new(Subsystem::new(
+            nqn,
+            "S",
+            "M",
+            any,
+            hosts,
+            4,
+            vec![listener()],
+        )));
+    }
+    let mut h = Host::new(Arc::new(t));
+    let mut q = h.queue();
+    let c = h.connect(
+        &mut q,
+        0,
+        31,
+        CNTLID_DYNAMIC,
+        nvmf_protocol::DISCOVERY_NQN,
+        HOST,
+    );
+    assert!(c.status.is_success());
+    let cc = Cc {
+        en: true,
+        ..Cc::default()
+    };
+    h.prop_set(&mut q, PropertyOffset::Cc, u64::from(cc.to_u32()));
+    let mut page = vec![0u8; 4096];
+    assert!(
+        h.exec(&mut q, admin_cmd(0x06, 0, 1, 0), &mut page)
+            .status
+            .is_success()
+    );
+    let id = IdentifyController::decode(&page).unwrap();
+    assert_eq!(id.subnqn.as_str(), nvmf_protocol::DISCOVERY_NQN);
+    assert_eq!(id.cntrltype, 2);
+    assert!(
+        h.exec(&mut q, admin_cmd(0x18, 0, 0, 0), &mut [])
+            .status
+            .is_success()
+    );
+    assert_eq!(
+        generic(&h.exec(&mut q, rw(0x08, 0, 0, 1), &mut [])),
+        Some(GenericStatus::InvalidOpcode)
+    );
+    let mut log = vec![0u8; 3072];
+    assert!(
+        h.exec(&mut q, get_log(0x70, 3072, 0), &mut log)
+            .status
+            .is_success()
+    );
+    let d = DiscoveryLog::decode(&log[..2048]).unwrap();
+    assert_eq!(d.entries.len(), 1);
+    let e = &d.entries[0];
+    assert_eq!(e.subnqn.as_str(), "nqn.2016-06.io.nvmf-rs:open");
+    assert_eq!(e.traddr.as_str(), "127.0.0.1");
+    assert_eq!(e.trsvcid.as_str(), "4420");
+    assert_eq!(e.trtype, nvmf_protocol::log::TransportType::Rdma);
+    assert!(
+        matches!(e.tsas, nvmf_protocol::log::Tsas::Rdma(r) if r.prtype == nvmf_protocol::log::RdmaProviderType::RoceV2)
+    );
+    // Partial read at an offset: the entry only.
+    let mut part = vec![0u8; 1024];
+    assert!(
+        h.exec(&mut q, get_log(0x70, 1024, 1024), &mut part)
+            .status
+            .is_success()
+    );
+    assert_eq!(part, log[1024..2048]);
+}
+
+#[test]
+fn file_namespace_completes_by_polling() {
+    let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../build/test-files");
+    std::fs::create_dir_all(&base).unwrap();
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let mut t = Target::new(Limits::default(), vec![listener()]);
+    let f = FileBdev::open("f", &dir.path().join("ns"), 4096, Some(1 << 20), true).unwrap();
+    let index = t.add_bdev("f", Arc::new(f));
+    let sub = Arc::new(Subsystem::new(
+        SUBNQN,
+        "S",
+        "M",
+        true,
+        vec![],
+        4,
+        vec![listener()],
+    ));
+    let bdev = t.bdev(index).unwrap();
+    sub.add_namespace(Namespace {
+        nsid: 1,
+        bdev_index: index,
+        info: bdev.info().clone(),
+        bdev,
+        uuid: None,
+        nguid: None,
+    })
+    .unwrap();
+    t.add_subsystem(sub);
+    let mut h = Host::new(Arc::new(t));
+    let (mut aq, cntlid) = h.admin();
+    let mut q = h.io_queue(1, cntlid);
+    let mut data: Vec<u8> = (0..8192).map(|i| (i % 241) as u8).collect();
+    let expect = data.clone();
+    let mut segs = [&mut data[..]];
+    let mut buf = IoBuf::new(&mut segs);
+    let w = rw(0x01, 1, 3, 2);
+    assert_eq!(q.execute(&mut h.io, &w, &mut buf, 99, h.now), Exec::Pending);
+    assert_eq!(h.io.in_flight(), 1);
+    assert_eq!(q.counters().snapshot().in_flight, 1);
+    let mut done = None;
+    while done.is_none() {
+        h.io.poll(&mut |tag, c| done = Some((tag, c)));
+    }
+    let (tag, c) = done.unwrap();
+    assert_eq!(tag, 99);
+    assert!(c.status.is_success());
+    assert_eq!(c.sqid, 1);
+    assert!(
+        h.exec(&mut q, rw(0x00, 1, 0, 1), &mut [])
+            .status
+            .is_success()
+    );
+    let mut back = vec![0u8; 8192];
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 3, 2), &mut back)
+            .status
+            .is_success()
+    );
+    assert_eq!(back, expect);
+    assert!(
+        h.exec(&mut q, rw(0x08, 1, 3, 1), &mut [])
+            .status
+            .is_success()
+    );
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 3, 1), &mut back[..4096])
+            .status
+            .is_success()
+    );
+    assert!(back[..4096].iter().all(|b| *b == 0));
+    // FUA: a flag, not part of NLB; durable at completion (RWF_DSYNC on the file device).
+    let mut fua = rw(0x01, 1, 6, 1);
+    fua.cdw12 |= 1 << 30;
+    let mut d = vec![0x5Au8; 4096];
+    assert!(h.exec(&mut q, fua, &mut d).status.is_success());
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 6, 1), &mut back[..4096])
+            .status
+            .is_success()
+    );
+    assert!(back[..4096].iter().all(|b| *b == 0x5A));
+    assert_eq!(h.io.counters().snapshot().writes, 2);
+    assert_eq!(q.counters().snapshot().in_flight, 0);
+    // Shutdown flushes the file (volatile cache): Occurring until the flush is reaped.
+    let cc = Cc {
+        en: true,
+        iosqes: 6,
+        iocqes: 4,
+        shn: ShutdownNotification::Normal,
+        ..Cc::default()
+    };
+    assert!(
+        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()))
+            .status
+            .is_success()
+    );
+    assert_eq!(
+        Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).shst,
+        ShutdownStatus::Occurring
+    );
+    assert_eq!(h.io.in_flight(), 1);
+    while h.io.in_flight() > 0 {
+        h.io.poll(&mut |_, c| panic!("a shutdown flush surfaced as a CQE: {c:?}"));
+    }
+    assert_eq!(
+        Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).shst,
+        ShutdownStatus::Complete
+    );
+}
+
+#[test]
+fn data_direction_from_opcode_and_fctype() {
+    assert_eq!(
+        data_direction(&Sqe::new(0x01, 0, 1)),
+        Direction::HostToController
+    );
+    assert_eq!(
+        data_direction(&Sqe::new(0x02, 0, 1)),
+        Direction::ControllerToHost
+    );
+    assert_eq!(
+        data_direction(&Sqe::new(0x06, 0, 0)),
+        Direction::ControllerToHost
+    );
+    assert_eq!(data_direction(&Sqe::new(0x08, 0, 1)), Direction::None);
+    assert_eq!(
+        data_direction(&Sqe::new(0x09, 0, 1)),
+        Direction::HostToController
+    );
+    let connect = Sqe::new_fabrics(nvmf_protocol::FabricsType::Connect, 0);
+    assert_eq!(data_direction(&connect), Direction::HostToController);
+    let get = Sqe::new_fabrics(nvmf_protocol::FabricsType::PropertyGet, 0);
+    assert_eq!(data_direction(&get), Direction::None);
+}
+
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn opcode() -> impl Strategy<Value = Option<u8>> {
+        prop_oneof![Just(None), (0u8..0x20).prop_map(Some), Just(Some(0x7F))]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// Whatever the network sends, execution answers (or goes pending) and never panics,
+        /// on an unbound queue, the admin queue and an I/O queue; CQEs echo the CID.
+        #[test]
+        fn random_commands_never_panic(
+            raw in prop::collection::vec(any::<u8>(), 64),
+            data_len in 0usize..9000,
+            fill in any::<u8>(),
+            op in opcode(),
+        ) {
+            let mut sqe = Sqe::decode(&raw).unwrap();
+            if let Some(op) = op {
+                sqe.opcode = op;
+            }
+            let mut h = Host::new(target(true));
+            let (mut aq, cntlid) = h.admin();
+            let mut q = h.io_queue(1, cntlid);
+            let mut unbound = h.queue();
+            for queue in [&mut unbound, &mut aq, &mut q] {
+                let mut data = vec![fill; data_len];
+                let mut segs = [&mut data[..]];
+                let mut buf = IoBuf::new(&mut segs);
+                if let Exec::Done(c) = queue.execute(&mut h.io, &sqe, &mut buf, 1, h.now) {
+                    prop_assert_eq!(c.cid, sqe.cid);
+                }
+                while h.io.in_flight() > 0 {
+                    h.io.poll(&mut |_, _| {});
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Where a command's data is, from its SGL: nothing, in the capsule (data block with offset),
+//! or in host memory behind keyed descriptors (one in SGL1, or a Last Segment list of up to
+//! MSDBD keyed descriptors inside the capsule). The transport calls [`plan`] before it gets
+//! buffers and moves data; every malformed SGL maps to its NVMe status here, so the glue never
+//! decides one.
+
+use nvmf_protocol::sgl::SGL_DESC_SIZE;
+use nvmf_protocol::status::GenericStatus;
+use nvmf_protocol::{SglDescriptor, Sqe, Status};
+
+use super::status::SGL_LENGTH_INVALID;
+use super::target::Limits;
+use super::{Direction, data_direction};
+
+/// Most keyed descriptors one command may carry (MSDBD of Identify Controller).
+pub const MAX_KEYED: usize = 16;
+
+/// One keyed descriptor: host memory the transport reaches with RDMA READ/WRITE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keyed {
+    /// Remote address.
+    pub address: u64,
+    /// Bytes.
+    pub length: u32,
+    /// Remote key.
+    pub key: u32,
+    /// The host asked for SEND_WITH_INVALIDATE of `key`.
+    pub invalidate: bool,
+}
+
+/// Where the data is.
+// Inline, not boxed: a plan is made per command on the fast path and must not allocate.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// No data.
+    None,
+    /// `length` bytes at `offset` of the in-capsule data.
+    InCapsule {
+        /// Offset into the in-capsule data (after the 64-byte SQE).
+        offset: u32,
+        /// Bytes.
+        length: u32,
+    },
+    /// Host memory, in order.
+    Keyed {
+        /// The descriptors (first `count`).
+        list: [Keyed; MAX_KEYED],
+        /// How many.
+        count: usize,
+    },
+}
+
+/// The data plan of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Which way the data moves.
+    pub direction: Direction,
+    /// Total bytes.
+    pub length: u32,
+    /// Where.
+    pub placement: Placement,
+}
+
+const fn generic(g: GenericStatus) -> Status {
+    Status::generic(g).with_dnr()
+}
+
+fn keyed(d: SglDescriptor) -> Option<Keyed> {
+    match d {
+        SglDescriptor::KeyedDataBlock {
+            address,
+            length,
+            key,
+            invalidate,
+        } => Some(Keyed {
+            address,
+            length: length.get(),
+            key,
+            invalidate,
+        }),
+        _ => None,
+    }
+}
+
+/// The data plan of `sqe`, whose capsule carries `in_capsule` bytes after the SQE (an admin
+/// queue capsule carries none). Errors are the status to answer with.
+pub fn plan(sqe: &Sqe, in_capsule: &[u8], limits: &Limits) -> Result<Plan, Status> {
+    let direction = data_direction(sqe);
+    let sgl = sqe
+        .sgl1()
+        .map_err(|_| generic(GenericStatus::SglDescriptorTypeInvalid))?;
+    if direction == Direction::None || sgl.is_null() {
+        return Ok(Plan {
+            direction,
+            length: 0,
+            placement: Placement::None,
+        });
+    }
+    if direction == Direction::Bidirectional {
+        return Err(generic(GenericStatus::InvalidField));
+    }
+    let placement = match sgl {
+        SglDescriptor::DataBlockOffset { offset, length } => {
+            // In-capsule data only carries host-to-controller data.
+            if direction != Direction::HostToController {
+                return Err(generic(GenericStatus::SglDescriptorTypeInvalid));
+            }
+            let end = offset.checked_add(u64::from(length));
+            if end.is_none_or(|e| e > in_capsule.len() as u64) {
+                return Err(if offset > in_capsule.len() as u64 {
+                    generic(GenericStatus::SglOffsetInvalid)
+                } else {
+                    SGL_LENGTH_INVALID
+                });
+            }
+            Placement::InCapsule {
+                offset: offset as u32,
+                length,
+            }
+        }
+        SglDescriptor::KeyedDataBlock { .. } => {
+            let mut list = [Keyed {
+                address: 0,
+                length: 0,
+                key: 0,
+                invalidate: false,
+            }; MAX_KEYED];
+            list[0] = keyed(sgl).ok_or(generic(GenericStatus::SglDescriptorTypeInvalid))?;
+            Placement::Keyed { list, count: 1 }
+        }
+        SglDescriptor::LastSegmentOffset { offset, length } => {
+            let n = length as usize / SGL_DESC_SIZE;
+            if length as usize % SGL_DESC_SIZE != 0
+                || n == 0
+                || n > usize::from(limits.msdbd).min(MAX_KEYED)
+            {
+                return Err(generic(GenericStatus::InvalidSglDescriptorCount));
+            }
+            let start =
+                usize::try_from(offset).map_err(|_| generic(GenericStatus::SglOffsetInvalid))?;
+            let bytes = in_capsule
+                .get(start..start + length as usize)
+                .ok_or(generic(GenericStatus::SglOffsetInvalid))?;
+            let mut list = [Keyed {
+                address: 0,
+                length: 0,
+                key: 0,
+                invalidate: false,
+            }; MAX_KEYED];
+            for (slot, d) in list.iter_mut().zip(SglDescriptor::list(bytes)) {
+                let d = d.map_err(|_| generic(GenericStatus::SglDescriptorTypeInvalid))?;
+                *slot = keyed(d).ok_or(generic(GenericStatus::SglDescriptorTypeInvalid))?;
+            }
+            Placement::Keyed { list, count: n }
+        }
+        _ => return Err(generic(GenericStatus::SglDescriptorTypeInvalid)),
+    };
+    let length: u64 = match &placement {
+        Placement::InCapsule { length, .. } => u64::from(*length),
+        Placement::Keyed { list, count } => {
+            list[..*count].iter().map(|k| u64::from(k.length)).sum()
+        }
+        Placement::None => 0,
+    };
+    // Admin data structures are at most a few pages; I/O is bounded by MDTS.
+    let max = u64::from(limits.max_io_size).max(64 * 1024);
+    if length > max {
+        return Err(SGL_LENGTH_INVALID);
+    }
+    Ok(Plan {
+        direction,
+        length: length as u32,
+        placement,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_with(sgl: SglDescriptor) -> Sqe {
+        let mut s = Sqe::new(0x01, 1, 1);
+        s.set_sgl1(sgl);
+        s
+    }
+
+    #[test]
+    fn plans_and_errors() {
+        let l = Limits::default();
+        let p = plan(
+            &write_with(SglDescriptor::keyed(0x1000, 4096, 9, true).unwrap()),
+            &[],
+            &l,
+        )
+        .unwrap();
+        assert_eq!(p.length, 4096);
+        assert!(
+            matches!(p.placement, Placement::Keyed { count: 1, list } if list[0].key == 9 && list[0].invalidate)
+        );
+        let capsule = [0u8; 4096];
+        let off = SglDescriptor::DataBlockOffset {
+            offset: 0,
+            length: 4096,
+        };
+        assert_eq!(
+            plan(&write_with(off), &capsule, &l).unwrap().placement,
+            Placement::InCapsule {
+                offset: 0,
+                length: 4096
+            }
+        );
+        let long = SglDescriptor::DataBlockOffset {
+            offset: 512,
+            length: 4096,
+        };
+        assert_eq!(
+            plan(&write_with(long), &capsule, &l).unwrap_err(),
+            SGL_LENGTH_INVALID
+        );
+        let far = SglDescriptor::DataBlockOffset {
+            offset: 8192,
+            length: 1,
+        };
+        assert_eq!(
+            plan(&write_with(far), &capsule, &l).unwrap_err(),
+            generic(GenericStatus::SglOffsetInvalid)
+        );
+        // In-capsule data for a read makes no sense.
+        let mut read = write_with(off);
+        read.opcode = 0x02;
+        assert_eq!(
+            plan(&read, &capsule, &l).unwrap_err(),
+            generic(GenericStatus::SglDescriptorTypeInvalid)
+        );
+        // Multi-descriptor: three keyed descriptors in the capsule.
+        let mut list = [0u8; 48];
+        for i in 0..3 {
+            let d = SglDescriptor::keyed(0x1_0000 * (i + 1), 8192, i as u32, false).unwrap();
+            list[16 * i as usize..16 * (i as usize + 1)].copy_from_slice(&d.to_bytes());
+        }
+        let seg = SglDescriptor::LastSegmentOffset {
+            offset: 0,
+            length: 48,
+        };
+        let p = plan(&write_with(seg), &list, &l).unwrap();
+        assert_eq!(p.length, 3 * 8192);
+        assert!(
+            matches!(p.placement, Placement::Keyed { count: 3, list } if list[2].address == 0x3_0000)
+        );
+        let too_many = SglDescriptor::LastSegmentOffset {
+            offset: 0,
+            length: 17 * 16,
+        };
+        assert_eq!(
+            plan(&write_with(too_many), &[0u8; 17 * 16], &l).unwrap_err(),
+            generic(GenericStatus::InvalidSglDescriptorCount)
+        );
+        let mut bad = list;
+        bad[15] = 0x00; // a data block, not keyed
+        assert_eq!(
+            plan(&write_with(seg), &bad, &l).unwrap_err(),
+            generic(GenericStatus::SglDescriptorTypeInvalid)
+        );
+        let huge = SglDescriptor::keyed(0, 1 << 20, 1, false).unwrap();
+        assert_eq!(
+            plan(&write_with(huge), &[], &l).unwrap_err(),
+            SGL_LENGTH_INVALID
+        );
+        let bucket = SglDescriptor::BitBucket { length: 10 };
+        assert_eq!(
+            plan(&write_with(bucket), &[], &l).unwrap_err(),
+            generic(GenericStatus::SglDescriptorTypeInvalid)
+        );
+        // No data direction: nothing to move whatever SGL1 says.
+        let flush = Sqe::new(0x00, 1, 1);
+        assert_eq!(plan(&flush, &[], &l).unwrap().placement, Placement::None);
+    }
+}
