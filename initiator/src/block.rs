@@ -1,0 +1,1 @@
+//! Blocking block device (next).

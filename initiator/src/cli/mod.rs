@@ -1,0 +1,1 @@
+//! nvmf CLI formatting (next).

@@ -1,0 +1,1 @@
+//! nvmf-perf library modules (next).
