@@ -525,4 +525,4 @@ impl<F: Fabric> Controller<F> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -264,7 +264,9 @@ impl<Q: HostQueue> IoQueue<Q> {
                 Ok(())
             }
             Err(crate::queue::QueueError::Disconnected(why)) => {
-                // The slot is failed with the others at the next poll; tell the caller now too.
+                // This command never left: release its slot so only the caller hears of it;
+                // the others in flight fail at the next poll.
+                self.cids.complete(cid);
                 self.connection_lost(why.clone());
                 Err(Error::ConnectionLost(why))
             }
@@ -538,3 +540,6 @@ impl<Q: HostQueue> IoQueue<Q> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

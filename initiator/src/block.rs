@@ -1,1 +1,0 @@
-//! Blocking block device (next).
