@@ -32,6 +32,7 @@ impl<F: Fabric> std::fmt::Debug for BlockDevice<F> {
 enum Direction {
     Read,
     Write,
+    Compare,
 }
 
 impl<F: Fabric> BlockDevice<F> {
@@ -133,6 +134,9 @@ impl<F: Fabric> BlockDevice<F> {
                 let submitted = match direction {
                     Direction::Read => queue.submit_read(&ns, at, n, at),
                     Direction::Write => queue.submit_write(&ns, at, n, at, |slot| source(at, slot)),
+                    Direction::Compare => {
+                        queue.submit_compare(&ns, at, n, at, |slot| source(at, slot))
+                    }
                 };
                 match submitted {
                     Ok(()) => {
@@ -240,6 +244,38 @@ impl<F: Fabric> BlockDevice<F> {
     fn read_blocks_into(&mut self, lba: u64, out: &mut [u8]) -> Result<()> {
         let mut sink = |_: u64, data: &[u8]| out.copy_from_slice(&data[..out.len()]);
         self.blocks_io(Direction::Read, lba, 1, &mut sink, &|_, _| {})
+    }
+
+    /// Compare whole blocks at `lba` with `data` (a multiple of the block size): `Ok(false)`
+    /// when the controller reports Compare Failure.
+    pub fn compare_blocks(&mut self, lba: u64, data: &[u8]) -> Result<bool> {
+        let bs = u64::from(self.block_size());
+        if bs == 0 || data.is_empty() || data.len() as u64 % bs != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "compare needs whole {bs}-byte blocks"
+            )));
+        }
+        self.check_range(lba.saturating_mul(bs), data.len())?;
+        let blocks = data.len() as u64 / bs;
+        let source = |at: u64, slot: &mut [u8]| {
+            let from = ((at - lba) * bs) as usize;
+            slot.copy_from_slice(&data[from..from + slot.len()]);
+        };
+        let result = self.retrying(|dev| {
+            dev.blocks_io(Direction::Compare, lba, blocks, &mut |_, _| {}, &source)
+        });
+        match result {
+            Ok(()) => Ok(true),
+            Err(Error::Nvme { status, .. })
+                if status.code
+                    == nvmf_protocol::StatusCode::Media(
+                        nvmf_protocol::status::MediaStatus::CompareFailure,
+                    ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Flush the namespace's volatile write cache.

@@ -118,3 +118,15 @@ fn requests_fail_fast_while_reconnecting_when_the_policy_says_so() {
     assert_eq!(dev.controller_mut().poll(), &ControllerState::Live);
     dev.read_at(0, &mut buf).unwrap();
 }
+
+#[test]
+fn compare_reports_match_and_mismatch() {
+    let (_, mut dev) = device(LoopbackConfig::default(), ReconnectPolicy::never());
+    let data: Vec<u8> = (0..2048u32).map(|i| i as u8).collect();
+    dev.write_at(512 * 3, &data).unwrap();
+    assert_eq!(dev.compare_blocks(3, &data), Ok(true));
+    let mut other = data.clone();
+    other[1500] ^= 0xff;
+    assert_eq!(dev.compare_blocks(3, &other), Ok(false));
+    assert!(dev.compare_blocks(3, &data[..100]).is_err());
+}

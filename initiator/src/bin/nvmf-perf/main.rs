@@ -155,3 +155,21 @@ where
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn flags_are_consistent_and_documented() {
+        let cmd = super::Args::command();
+        cmd.clone().debug_assert();
+        for arg in cmd.get_arguments() {
+            assert!(
+                arg.is_hide_set() || arg.get_help().is_some(),
+                "--{} has no help",
+                arg.get_id()
+            );
+        }
+    }
+}
