@@ -76,7 +76,7 @@ impl<F: Fabric> BlockDevice<F> {
     /// Size in bytes.
     pub fn size(&self) -> u64 {
         self.ns()
-            .map(|n| n.blocks * u64::from(n.block_size))
+            .map(|n| n.blocks.saturating_mul(u64::from(n.block_size)))
             .unwrap_or(0)
     }
     /// Block size in bytes.

@@ -281,7 +281,7 @@ pub fn namespace_list_text(namespaces: &[Namespace]) -> String {
         "Namespace", "Usage", "Format", "NGUID", "EUI64", "UUID"
     );
     for n in namespaces {
-        let used = n.identify.nuse * u64::from(n.block_size);
+        let used = n.identify.nuse.saturating_mul(u64::from(n.block_size));
         s.push_str(&format!(
             "{:<10} {:<26} {:<16} {:<32} {:<16} {}\n",
             n.nsid,

@@ -337,7 +337,11 @@ pub(crate) fn scan_namespaces<Q: crate::queue::HostQueue>(
             Err(Error::Nvme { .. }) => Vec::new(),
             Err(e) => return Err(e),
         };
-        out.push(Namespace::from_identify(nsid, id, &descriptors)?);
+        // One unusable namespace (unknown LBA format) must not make the others unreachable.
+        match Namespace::from_identify(nsid, id, &descriptors) {
+            Ok(ns) => out.push(ns),
+            Err(e) => tracing::warn!(nsid, error = %e, "namespace skipped"),
+        }
     }
     Ok(out)
 }

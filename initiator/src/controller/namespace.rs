@@ -61,7 +61,7 @@ impl Namespace {
 
     /// Size in bytes.
     pub fn size_bytes(&self) -> u64 {
-        self.blocks * u64::from(self.block_size)
+        self.blocks.saturating_mul(u64::from(self.block_size))
     }
 
     /// What the I/O path needs.

@@ -279,3 +279,155 @@ fn controller_fails_after_loss_timeout() {
     assert!(matches!(e, Error::ControllerFailed(_)), "{e}");
     assert!(clock.elapsed() >= Duration::from_secs(5));
 }
+
+/// A target that answers garbage: random CIDs, statuses, results and data.
+mod hostile {
+    use std::ops::Range;
+    use std::sync::Mutex;
+
+    use nvmf_protocol::{Cqe, SglDescriptor, Sqe, Status, StatusContext};
+
+    use crate::queue::{
+        ConnectError, DataRegion, Fabric, HostQueue, QueueConnectParams, QueueError,
+    };
+
+    pub struct HostileQueue {
+        rng: fastrand::Rng,
+        region: Vec<u8>,
+        pending: Vec<Cqe>,
+        qid: u16,
+    }
+
+    impl HostQueue for HostileQueue {
+        fn qid(&self) -> u16 {
+            self.qid
+        }
+        fn depth(&self) -> u16 {
+            32
+        }
+        fn region(&self) -> DataRegion {
+            DataRegion {
+                address: 0x1000,
+                key: 1,
+                len: self.region.len(),
+            }
+        }
+        fn region_bytes(&self) -> &[u8] {
+            &self.region
+        }
+        fn region_bytes_mut(&mut self) -> &mut [u8] {
+            &mut self.region
+        }
+        fn submit(
+            &mut self,
+            sqe: &Sqe,
+            _in_capsule: Option<Range<usize>>,
+        ) -> Result<(), QueueError> {
+            if let Ok(SglDescriptor::KeyedDataBlock {
+                address, length, ..
+            }) = sqe.sgl1()
+                && address >= 0x1000
+            {
+                let start = (address - 0x1000) as usize;
+                for b in &mut self.region[start..start + length.get() as usize] {
+                    // Printable bytes and NULs keep string fields decodable, so runs get
+                    // further.
+                    *b = if self.rng.u8(..) < 16 {
+                        0
+                    } else {
+                        self.rng.u8(0x20..0x7f)
+                    };
+                }
+                if sqe.opcode == 0x06 && sqe.cdw10 & 0xff == 2 {
+                    // A short active namespace list (random ones run to 1024 entries).
+                    let list = &mut self.region[start..start + 12];
+                    list.copy_from_slice(&[1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+                }
+            }
+            // Mostly plausible where bring-up checks a value (Connect's CNTLID, CSTS.RDY), so
+            // some runs reach the later paths; random everywhere else.
+            let result = match (sqe.opcode, sqe.nsid as u8, sqe.cdw11) {
+                (0x7F, 0x01, _) if self.rng.u8(..) < 250 => 1,
+                (0x7F, 0x04, 0x1C) if self.rng.u8(..) < 250 => 1,
+                _ => self.rng.u64(..),
+            };
+            let mut cqe = Cqe::success(
+                if self.rng.u16(..) < 65000 {
+                    sqe.cid
+                } else {
+                    self.rng.u16(..)
+                },
+                self.rng.u16(..),
+                self.rng.u16(..),
+                result,
+            );
+            if self.rng.u16(..) < 300 {
+                cqe.status = Status::from_field(self.rng.u16(..), StatusContext::Nvm);
+            }
+            self.pending.push(cqe);
+            if self.rng.u8(..) < 30 {
+                self.pending.push(cqe);
+            }
+            Ok(())
+        }
+        fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {
+            let n = self.pending.len().min(out.len());
+            out[..n].copy_from_slice(&self.pending[..n]);
+            self.pending.drain(..n);
+            Ok(n)
+        }
+        fn is_connected(&self) -> bool {
+            true
+        }
+        fn disconnect(&mut self) {}
+    }
+
+    pub struct HostileFabric(pub Mutex<fastrand::Rng>);
+
+    impl Fabric for HostileFabric {
+        type Queue = HostileQueue;
+        fn connect(&self, p: &QueueConnectParams) -> Result<HostileQueue, ConnectError> {
+            let seed = self.0.lock().unwrap().u64(..);
+            Ok(HostileQueue {
+                rng: fastrand::Rng::with_seed(seed),
+                region: vec![0; p.data_region_len],
+                pending: Vec::new(),
+                qid: p.qid,
+            })
+        }
+    }
+}
+
+#[test]
+fn a_target_answering_garbage_never_panics_the_host() {
+    let mut attached = 0;
+    for seed in 0..200 {
+        let clock = VirtualClock::new();
+        let mut o = options("nqn.2024-01.io.nvmf-rs:loopback");
+        o.admin_timeout = Duration::from_millis(20);
+        o.io_queues = 2;
+        let fabric = hostile::HostileFabric(std::sync::Mutex::new(fastrand::Rng::with_seed(seed)));
+        // Ok or a typed error, whatever the bytes; never a panic or a hang.
+        let r = Controller::connect(
+            fabric,
+            TransportAddress::loopback(),
+            o,
+            Arc::new(clock.clone()),
+        );
+        if let Ok(mut c) = r {
+            attached += 1;
+            let _ = c.discovery_log();
+            let _ = c.get_log_page(nvmf_protocol::log::LogId::SmartHealth, 0, 512);
+            let ns: Vec<_> = c.namespaces().iter().map(|n| n.target()).collect();
+            if let (Some(ns), Ok(q)) = (ns.first(), c.io_queue_mut(0)) {
+                let _ = q.submit_read(ns, 0, 1, 1);
+                q.poll(|_, _| {});
+            }
+            let _ = c.shutdown();
+        }
+    }
+    assert!(
+        attached > 0,
+        "some garbage must get past bring-up to test the later paths"
+    );
+}

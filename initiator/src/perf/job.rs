@@ -13,6 +13,9 @@ use super::report::JobResult;
 use super::verify;
 use super::workload::{Generator, Op, Pattern};
 
+/// Largest number of I/O units one verifying job tracks (8 bytes each: 32 MiB).
+pub const VERIFY_MAX_UNITS: u64 = 1 << 22;
+
 /// Parameters shared by every job of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JobSpec {
@@ -45,10 +48,11 @@ pub struct Job<Q: HostQueue> {
     blocks_per_io: u32,
     generator: Generator,
     spec: JobSpec,
-    /// Generation each unit holds (0 = unknown), and the one an in-flight write carries.
+    /// With --verify: the generation each unit holds (0 = unknown).
     generations: Vec<u64>,
-    pending_generation: Vec<u64>,
-    busy: Vec<bool>,
+    /// Units with I/O in flight and, for writes, the generation they carry (at most the
+    /// queue depth entries, so a linear scan is cheaper than a per-unit table on big disks).
+    in_flight: Vec<(u64, u64)>,
     next_generation: u64,
     stopping: bool,
     result: JobResult,
@@ -91,7 +95,15 @@ impl<Q: HostQueue> Job<Q> {
             )));
         }
         let blocks_per_io = (spec.io_size / bs) as u32;
-        let units = blocks / u64::from(blocks_per_io);
+        let mut units = blocks / u64::from(blocks_per_io);
+        if spec.verify && units > VERIFY_MAX_UNITS {
+            tracing::info!(
+                units,
+                kept = VERIFY_MAX_UNITS,
+                "--verify: job range capped to bound its generation table"
+            );
+            units = VERIFY_MAX_UNITS;
+        }
         if units == 0 {
             return Err(crate::Error::InvalidArgument(format!(
                 "job range of {blocks} blocks is smaller than one I/O"
@@ -100,9 +112,12 @@ impl<Q: HostQueue> Job<Q> {
         let depth = spec.depth.min(queue.depth()).max(1);
         Ok(Self {
             generator: Generator::new(spec.pattern, spec.mix, units, seed),
-            generations: vec![0; units as usize],
-            pending_generation: vec![0; units as usize],
-            busy: vec![false; units as usize],
+            generations: if spec.verify {
+                vec![0; units as usize]
+            } else {
+                Vec::new()
+            },
+            in_flight: Vec::with_capacity(depth),
             result: JobResult::new(ns.nsid),
             spec: JobSpec { depth, ..spec },
             queue,
@@ -147,18 +162,21 @@ impl<Q: HostQueue> Job<Q> {
         let Self {
             queue,
             result,
-            busy,
+            in_flight,
             generations,
-            pending_generation,
             ns,
             first_lba,
             spec,
             ..
         } = self;
         let n = queue.poll(|c, data| {
-            let unit = (c.token >> 1) as usize;
-            busy[unit] = false;
-            let lba = *first_lba + unit as u64 * blocks_per_io;
+            let unit = c.token >> 1;
+            let carried = match in_flight.iter().position(|&(u, _)| u == unit) {
+                Some(i) => in_flight.swap_remove(i).1,
+                None => 0,
+            };
+            let lba = *first_lba + unit * blocks_per_io;
+            let unit = unit as usize;
             match c.result {
                 Ok(()) => {
                     let read = c.kind == IoKind::Read;
@@ -169,13 +187,13 @@ impl<Q: HostQueue> Job<Q> {
                                 result.record_mismatch(m);
                             }
                         }
-                    } else {
-                        generations[unit] = pending_generation[unit];
+                    } else if spec.verify {
+                        generations[unit] = carried;
                     }
                     result.record(c.latency, spec.io_size as u64, read);
                 }
                 Err(e) => {
-                    if c.kind == IoKind::Write {
+                    if c.kind == IoKind::Write && spec.verify {
                         // The write may or may not have landed: only the LBA is known now.
                         generations[unit] = 0;
                     }
@@ -196,20 +214,23 @@ impl<Q: HostQueue> Job<Q> {
     fn submit_some(&mut self) {
         let bs = self.ns.block_size as usize;
         while self.queue.in_flight() < self.spec.depth {
-            let busy = &self.busy;
-            let Some((op, unit)) = self.generator.next(|u| busy[u as usize]) else {
+            let in_flight = &self.in_flight;
+            let Some((op, unit)) = self
+                .generator
+                .next(|u| in_flight.iter().any(|&(f, _)| f == u))
+            else {
                 return;
             };
             let lba = self.first_lba + unit * u64::from(self.blocks_per_io);
             let token = unit << 1 | u64::from(op == Op::Write);
+            let mut generation = 0;
             let submitted = match op {
                 Op::Read => self
                     .queue
                     .submit_read(&self.ns, lba, self.blocks_per_io, token),
                 Op::Write => {
                     self.next_generation += 1;
-                    let generation = self.next_generation;
-                    self.pending_generation[unit as usize] = generation;
+                    generation = self.next_generation;
                     let verify = self.spec.verify;
                     self.queue
                         .submit_write(&self.ns, lba, self.blocks_per_io, token, |slot| {
@@ -220,7 +241,7 @@ impl<Q: HostQueue> Job<Q> {
                 }
             };
             match submitted {
-                Ok(()) => self.busy[unit as usize] = true,
+                Ok(()) => self.in_flight.push((unit, generation)),
                 Err(e) => {
                     self.result.record_error(format!("submit LBA {lba}: {e}"));
                     return;
