@@ -49,6 +49,16 @@ impl<T: Copy> CidTable<T> {
         }
     }
 
+    /// Like [`CidTable::new`], with every slot's generation starting half way round: a queue
+    /// that changes hands (an I/O queue after its Fabrics Connect) never reissues the CIDs its
+    /// previous table just used.
+    pub fn new_half_turn(depth: usize) -> Self {
+        let mut t = Self::new(depth);
+        let half = ((1u32 << (16 - t.index_bits)) / 2) as u16;
+        t.generations.iter_mut().for_each(|g| *g = half);
+        t
+    }
+
     /// Number of slots.
     pub fn depth(&self) -> usize {
         self.slots.len()
@@ -134,6 +144,16 @@ mod tests {
             }
         );
         assert_eq!(t.complete(second), CidLookup::Stale);
+    }
+
+    #[test]
+    fn a_half_turn_table_starts_on_other_cids() {
+        let mut first = CidTable::<()>::new(32);
+        let mut second = CidTable::<()>::new_half_turn(32);
+        let a = first.allocate(()).unwrap().1;
+        let b = second.allocate(()).unwrap().1;
+        assert_eq!(a & 31, b & 31);
+        assert_ne!(a, b);
     }
 
     #[test]

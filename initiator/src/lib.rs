@@ -10,6 +10,24 @@
 //! - [`block`]: a blocking byte-addressed block device over the polled API.
 //! - [`perf`]: nvmf-perf's workload engine, verify format and report.
 //! - [`cli`]: the nvmf CLI's nvme-cli-like formatting.
+//!
+//! ## For the transport glue
+//!
+//! A transport plugs in by implementing [`queue::Fabric`] (connect one queue: RDMA CM
+//! connect with the NVMe-oF private data from [`queue::QueueConnectParams`], a QP on the host
+//! poll group, a registered data region of `data_region_len` bytes) and [`queue::HostQueue`]
+//! (send a capsule, report a CQE once both the SEND and the response completed, report
+//! loss). Fabrics Connect, CID allocation, SGL encoding, timeouts and failing in-flight
+//! commands on loss are done here, above the traits. [`loopback`] is the reference
+//! implementation.
+//!
+//! ## Owners and threads
+//!
+//! A [`controller::Controller`] lives on one control thread, which calls its `poll` for
+//! keep-alive and reconnect. Its I/O queues can be taken out and moved to reactors
+//! ([`perf::runner`] does); a queue taken out and later lost stays dead, and the controller
+//! holds fresh ones after it reconnects. [`block::BlockDevice`] polls its controller on every
+//! call.
 #![forbid(unsafe_code)]
 
 pub mod admin;

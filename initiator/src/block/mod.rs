@@ -97,6 +97,11 @@ impl<F: Fabric> BlockDevice<F> {
 
     /// Run `op` again after a connection loss, as the reconnect policy allows.
     fn retrying<T>(&mut self, mut op: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
+        // Each call doubles as the owner's poll: keep-alive goes out while the device is used,
+        // and a loss noticed there is waited out (or failed) per the policy before submitting.
+        if self.controller.poll() != &crate::controller::ControllerState::Live {
+            self.controller.wait_live()?;
+        }
         loop {
             match op(self) {
                 Err(e) if e.is_connection_loss() => {

@@ -130,3 +130,17 @@ fn compare_reports_match_and_mismatch() {
     assert_eq!(dev.compare_blocks(3, &other), Ok(false));
     assert!(dev.compare_blocks(3, &data[..100]).is_err());
 }
+
+#[test]
+fn using_the_device_sends_keep_alives() {
+    let (target, c, clock) = attach(LoopbackConfig::default(), |o| {
+        o.kato = Duration::from_secs(4)
+    });
+    let mut dev = BlockDevice::new(c.unwrap(), 1).unwrap();
+    let mut buf = [0u8; 512];
+    dev.read_at(0, &mut buf).unwrap();
+    assert_eq!(target.stats().keep_alives, 0);
+    clock.advance(Duration::from_secs(2));
+    dev.read_at(0, &mut buf).unwrap();
+    assert_eq!(target.stats().keep_alives, 1);
+}

@@ -142,7 +142,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             .max(1);
         Self {
             queue,
-            cids: CidTable::new(depth),
+            cids: CidTable::new_half_turn(depth),
             limits,
             clock,
             stats: IoStats::default(),
