@@ -14,7 +14,8 @@ use crate::queue::TransportAddress;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectArgs {
     /// Transport: rdma, soft (in-process soft RDMA), soft-tcp, or loopback (an in-process fake
-    /// target for testing the tools; the RDMA transports are not wired in yet).
+    /// target for testing the tools, fresh and zeroed on every run; the RDMA transports are not
+    /// wired in yet).
     #[arg(long, default_value = "rdma")]
     pub transport: String,
     /// Target address (IP or host name).

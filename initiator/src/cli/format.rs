@@ -262,6 +262,48 @@ pub fn id_ns_json(id: &IdentifyNamespace) -> Value {
     Value::Object(m)
 }
 
+/// What `nvmf connect` prints about the association it made.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ConnectSummary {
+    /// Transport address.
+    pub address: String,
+    /// Subsystem NQN.
+    pub subnqn: String,
+    /// Controller id.
+    pub cntlid: u16,
+    /// NVMe version "major.minor.tertiary".
+    pub version: String,
+    /// I/O queues connected.
+    pub io_queues: usize,
+    /// Largest transfer per command, bytes.
+    pub max_transfer: usize,
+    /// In-capsule data limit for writes, bytes (0 = keyed SGL only).
+    pub in_capsule: usize,
+    /// Active namespaces.
+    pub namespaces: Vec<u32>,
+}
+
+impl ConnectSummary {
+    /// Text form, one `key: value` per line.
+    pub fn to_text(&self) -> String {
+        format!(
+            "address     : {}\nsubnqn      : {}\ncntlid      : {}\nversion     : {}\nio_queues   : {}\nmax_transfer: {}\nin_capsule  : {}\nnamespaces  : {}\n",
+            self.address,
+            self.subnqn,
+            self.cntlid,
+            self.version,
+            self.io_queues,
+            self.max_transfer,
+            self.in_capsule,
+            self.namespaces
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    }
+}
+
 /// Decimal size with a unit, like nvme-cli's list ("1.07  GB").
 pub fn human_size(bytes: u64) -> String {
     const UNITS: [&str; 6] = ["B", "kB", "MB", "GB", "TB", "PB"];

@@ -36,6 +36,16 @@ struct Args {
 enum Command {
     /// List the subsystems a discovery controller knows (connects to the discovery NQN).
     Discover,
+    /// Connect, print what the association granted (controller id, queues, transfer sizes,
+    /// namespaces), and disconnect cleanly.
+    Connect {
+        /// I/O queues to ask for.
+        #[arg(long, default_value_t = 1)]
+        nr_io_queues: u16,
+        /// I/O queue depth to ask for.
+        #[arg(long, default_value_t = 128)]
+        queue_size: u16,
+    },
     /// Connect and print Identify Controller (like `nvme id-ctrl`).
     IdCtrl,
     /// Connect and print Identify Namespace (like `nvme id-ns`).
@@ -140,6 +150,14 @@ fn main() -> anyhow::Result<()> {
 
 fn attach<F: Fabric>(fabric: F, args: &Args, subnqn: &str) -> anyhow::Result<Controller<F>> {
     let mut options = args.connect.options(subnqn).map_err(anyhow::Error::msg)?;
+    if let Command::Connect {
+        nr_io_queues,
+        queue_size,
+    } = args.command
+    {
+        options.io_queues = nr_io_queues;
+        options.io_queue_depth = queue_size;
+    }
     // A short-lived tool: no keep-alive traffic and no reconnect.
     options.reconnect = nvmf_initiator::controller::ReconnectPolicy::never();
     let address = args.connect.address();
@@ -178,6 +196,24 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
     let mut mismatch = false;
     match &args.command {
         Command::Discover => {}
+        Command::Connect { .. } => {
+            let v = c.version();
+            let summary = format::ConnectSummary {
+                address: args.connect.address().to_string(),
+                subnqn: args.connect.subnqn.clone(),
+                cntlid: c.cntlid(),
+                version: format!("{}.{}.{}", v.major, v.minor, v.tertiary),
+                io_queues: c.io_queue_count(),
+                max_transfer: c.limits().max_transfer,
+                in_capsule: c.limits().in_capsule,
+                namespaces: c.namespaces().iter().map(|n| n.nsid).collect(),
+            };
+            if args.json {
+                print_json(serde_json::to_value(&summary).unwrap_or_default());
+            } else {
+                print!("{}", summary.to_text());
+            }
+        }
         Command::IdCtrl => {
             if args.json {
                 print_json(format::id_ctrl_json(c.identify()));
