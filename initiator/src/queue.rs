@@ -114,6 +114,11 @@ pub enum ConnectError {
 ///   [`QueueError::Disconnected`]; the initiator then fails every command it had in flight on
 ///   this queue. The queue never reports a CQE for a command after reporting the loss.
 /// - Only one thread (the owning reactor) uses a queue; it must be `Send` to move there.
+/// - In-capsule data goes out in the same SEND as the SQE (a second SGE over the region needs
+///   no copy); SGL1 then already says "data block, offset 0, length n".
+/// - Over a CQ shared by several queues (the host poll group), polling one queue may reap
+///   completions of others: keep them for their queue (a per-qpair lock-free ring, no lock on
+///   the fast path), never drop them.
 pub trait HostQueue: Send {
     /// Queue id (0 = admin).
     fn qid(&self) -> u16;

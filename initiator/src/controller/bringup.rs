@@ -297,7 +297,8 @@ pub(crate) fn connect_io_queue<F: Fabric>(
         hsqsize: depth - 1,
         cntlid,
         data_region_len: usize::from(depth) * limits.max_transfer,
-        in_capsule_data: limits.in_capsule.max(1024),
+        // Placement below uses the capsule only when this already holds 1024 bytes.
+        in_capsule_data: limits.in_capsule,
     };
     let queue = fabric
         .connect(&params)
