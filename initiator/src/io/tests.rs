@@ -219,3 +219,30 @@ fn queue_full_is_reported_not_blocked() {
     }
     assert_eq!(q.submit_read(&ns, 0, 1, 999), Err(Error::QueueFull));
 }
+
+#[test]
+fn out_of_order_completions_find_their_requests() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    for lba in 0..4u64 {
+        q.submit_write(&ns, lba, 1, lba, |s| s.fill(lba as u8 + 1))
+            .unwrap();
+    }
+    collect(q, 4);
+    target.reorder_responses(true);
+    for lba in 0..4u64 {
+        q.submit_read(&ns, lba, 1, 100 + lba).unwrap();
+    }
+    let done = collect(q, 4);
+    let tokens: Vec<u64> = done.iter().map(|(c, _)| c.token).collect();
+    assert_eq!(tokens, vec![103, 102, 101, 100]);
+    for (c, data) in &done {
+        assert_eq!(
+            data,
+            &vec![(c.token - 100) as u8 + 1; 512],
+            "token {}",
+            c.token
+        );
+    }
+}

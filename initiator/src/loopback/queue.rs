@@ -132,8 +132,14 @@ impl HostQueue for LoopbackQueue {
     fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {
         self.check_link()?;
         let mut n = 0;
+        let newest_first = self.target.reordering();
         while n < out.len() {
-            match self.responses.pop_front() {
+            let next = if newest_first {
+                self.responses.pop_back()
+            } else {
+                self.responses.pop_front()
+            };
+            match next {
                 Some(c) => {
                     out[n] = c;
                     n += 1;

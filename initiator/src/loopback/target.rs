@@ -157,6 +157,7 @@ struct Faults {
     duplicate_next: bool,
     swallow: u32,
     fail_next_io: Option<Status>,
+    reorder: bool,
 }
 
 #[derive(Debug)]
@@ -229,6 +230,13 @@ impl LoopbackTarget {
     /// Never answer the next `n` commands.
     pub fn swallow_next(&self, n: u32) {
         self.lock().faults.swallow = n;
+    }
+    /// Deliver responses newest first from now on (targets complete out of order).
+    pub fn reorder_responses(&self, reorder: bool) {
+        self.lock().faults.reorder = reorder;
+    }
+    pub(super) fn reordering(&self) -> bool {
+        self.lock().faults.reorder
     }
     /// Fail the next I/O command with `status`.
     pub fn fail_next_io(&self, status: Status) {
