@@ -121,6 +121,8 @@ pub struct IoQueue<Q: HostQueue> {
     lost: Option<String>,
     /// Failures not yet delivered (connection loss); drained by the next poll.
     undelivered: Vec<IoCompletion>,
+    /// When to scan for timed-out commands next (a scan is O(depth), so not every poll).
+    next_timeout_scan: Instant,
 }
 
 impl<Q: HostQueue> std::fmt::Debug for IoQueue<Q> {
@@ -144,10 +146,11 @@ impl<Q: HostQueue> IoQueue<Q> {
             queue,
             cids: CidTable::new_half_turn(depth),
             limits,
-            clock,
             stats: IoStats::default(),
             lost: None,
             undelivered: Vec::with_capacity(depth),
+            next_timeout_scan: clock.now(),
+            clock,
         }
     }
 
@@ -472,7 +475,12 @@ impl<Q: HostQueue> IoQueue<Q> {
                 Err(e) => self.connection_lost(e.to_string()),
             }
             if self.lost.is_none() && !self.limits.timeout.is_zero() {
-                self.check_timeouts();
+                let now = self.clock.now();
+                if now >= self.next_timeout_scan {
+                    // A quarter of the timeout between scans: a command fails at most 25% late.
+                    self.next_timeout_scan = now + self.limits.timeout / 4;
+                    self.check_timeouts();
+                }
             }
         }
         for c in self.undelivered.drain(..) {
