@@ -136,6 +136,15 @@ pub trait HostQueue: Send {
     fn submit(&mut self, sqe: &Sqe, in_capsule: Option<Range<usize>>) -> Result<(), QueueError>;
     /// Reap finished commands into `out`; returns how many were written.
     fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError>;
+    /// Per-command remote access (memory windows): expose only `range` of the region under a
+    /// fresh key for one command, which the target invalidates with SEND_WITH_INVALIDATE (or
+    /// the host locally) when the command completes, so no long-lived key exposes host memory.
+    /// Returns (remote address, key), or `None` when the device has no windows (the region's
+    /// own key is used then).
+    fn bind_window(&mut self, range: Range<usize>) -> Result<Option<(u64, u32)>, QueueError> {
+        let _ = range;
+        Ok(None)
+    }
     /// True while the connection is up.
     fn is_connected(&self) -> bool;
     /// Tear the connection down (idempotent). Commands in flight are lost.

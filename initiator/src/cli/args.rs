@@ -43,6 +43,10 @@ pub struct ConnectArgs {
     /// reconnect (nvme-cli --ctrl-loss-tmo).
     #[arg(long, default_value_t = 600, allow_hyphen_values = true)]
     pub ctrl_loss_tmo: i64,
+    /// Give each I/O's data its own short-lived key (memory window, invalidated by the
+    /// target's response) where the transport supports it, instead of a long-lived key.
+    #[arg(long)]
+    pub per_io_keys: bool,
     /// Namespace sizes of the loopback target, e.g. "64M,64M" (loopback transport only).
     #[arg(long, default_value = "64M", hide = true)]
     pub loopback_namespaces: String,
@@ -77,6 +81,7 @@ impl ConnectArgs {
         };
         let mut o = ControllerOptions::new(subnqn, hostnqn, hostid);
         o.kato = Duration::from_secs(self.kato);
+        o.per_io_keys = self.per_io_keys;
         o.reconnect = ReconnectPolicy {
             reconnect_delay: Duration::from_secs(self.reconnect_delay),
             ctrl_loss_timeout: u64::try_from(self.ctrl_loss_tmo)
@@ -105,6 +110,7 @@ impl ConnectArgs {
             subnqn: self.subnqn.clone(),
             namespaces,
             max_io_queues: 64,
+            memory_windows: true,
             discovery_entries: vec![(
                 self.subnqn.clone(),
                 self.traddr.clone(),

@@ -266,6 +266,7 @@ pub(crate) fn io_limits(id: &IdentifyController, o: &ControllerOptions) -> IoLim
         max_transfer,
         in_capsule,
         timeout: o.io_timeout,
+        per_io_keys: o.per_io_keys,
     }
 }
 

@@ -63,6 +63,9 @@ pub struct ControllerOptions {
     pub max_io_size: usize,
     /// Send small writes in the capsule when the target allows it.
     pub in_capsule_data: bool,
+    /// Give each I/O's data its own short-lived key (memory window) where the transport has
+    /// them, instead of the queue region's long-lived key.
+    pub per_io_keys: bool,
     /// Admin command timeout.
     pub admin_timeout: Duration,
     /// I/O command timeout (zero = none): an older command fails the connection.
@@ -85,6 +88,7 @@ impl ControllerOptions {
             connect_data: DataPlacement::Keyed,
             max_io_size: 128 * 1024,
             in_capsule_data: true,
+            per_io_keys: false,
             admin_timeout: Duration::from_secs(30),
             io_timeout: Duration::from_secs(30),
             reconnect: ReconnectPolicy::default(),

@@ -109,6 +109,8 @@ pub struct IoLimits {
     pub in_capsule: usize,
     /// Commands older than this fail the connection (0 = no timeout).
     pub timeout: Duration,
+    /// Give each command's data its own key (memory window) when the queue supports it.
+    pub per_io_keys: bool,
 }
 
 /// One I/O queue.
@@ -285,7 +287,15 @@ impl<Q: HostQueue> IoQueue<Q> {
         base..base + bytes
     }
 
-    fn data_sgl(&self, range: &std::ops::Range<usize>) -> Result<SglDescriptor> {
+    fn data_sgl(&mut self, range: &std::ops::Range<usize>) -> Result<SglDescriptor> {
+        if self.limits.per_io_keys {
+            if let Some((address, key)) = self.queue.bind_window(range.clone())? {
+                // Subtype 0xF: the target invalidates the window's key with its response.
+                return SglDescriptor::keyed(address, range.len() as u32, key, true).ok_or_else(
+                    || Error::InvalidArgument(format!("{} bytes in one keyed SGL", range.len())),
+                );
+            }
+        }
         let r = self.queue.region();
         keyed(r.address + range.start as u64, range.len(), r.key)
     }

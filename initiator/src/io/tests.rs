@@ -246,3 +246,125 @@ fn out_of_order_completions_find_their_requests() {
         );
     }
 }
+
+#[test]
+fn per_io_keys_open_one_window_per_command_and_a_replayed_key_is_refused() {
+    let config = LoopbackConfig {
+        memory_windows: true,
+        ..LoopbackConfig::default()
+    };
+    let (target, c, _) = attach(config, |o| {
+        o.per_io_keys = true;
+        o.in_capsule_data = false;
+    });
+    let mut c = c.unwrap();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    q.submit_write(&ns, 0, 2, 1, |s| s.fill(0x42)).unwrap();
+    q.submit_read(&ns, 0, 2, 2).unwrap();
+    let done = collect(q, 2);
+    assert!(done.iter().all(|(c, _)| c.result.is_ok()), "{done:?}");
+    assert_eq!(done[1].1, vec![0x42; 1024]);
+    assert_eq!(target.stats().window_transfers, 2);
+}
+
+#[test]
+fn a_window_key_works_once_and_only_over_its_range() {
+    use crate::queue::{HostQueue, QueueConnectParams, TransportAddress};
+    use nvmf_protocol::nvm::ReadCmd;
+    let config = LoopbackConfig {
+        memory_windows: true,
+        ..LoopbackConfig::default()
+    };
+    let (target, c, _) = attach(config, |_| {});
+    let c = c.unwrap();
+    // A raw I/O queue connected by hand, to replay an SQE.
+    let raw = crate::loopback::LoopbackFabric::new(target.clone());
+    let mut q = crate::queue::Fabric::connect(
+        &raw,
+        &QueueConnectParams {
+            address: TransportAddress::loopback(),
+            qid: 1,
+            hrqsize: 8,
+            hsqsize: 7,
+            cntlid: c.cntlid(),
+            data_region_len: 8192,
+            in_capsule_data: 1024,
+        },
+    )
+    .unwrap();
+    let mut connect_data = [0u8; 1024];
+    connect_data.copy_from_slice(
+        &nvmf_protocol::fabrics::ConnectData {
+            hostid: [7; 16],
+            cntlid: c.cntlid(),
+            subnqn: nvmf_protocol::FixedStr::new("nqn.2024-01.io.nvmf-rs:loopback", "s").unwrap(),
+            hostnqn: nvmf_protocol::FixedStr::new(
+                "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001",
+                "h",
+            )
+            .unwrap(),
+        }
+        .to_bytes(),
+    );
+    q.region_bytes_mut()[..1024].copy_from_slice(&connect_data);
+    let connect = nvmf_protocol::fabrics::ConnectCmd {
+        cid: 1,
+        recfmt: 0,
+        qid: 1,
+        sqsize: 7,
+        cattr: 0,
+        kato: 0,
+        sgl: SglDescriptor::DataBlockOffset {
+            offset: 0,
+            length: 1024,
+        },
+    }
+    .to_sqe();
+    q.submit(&connect, Some(0..1024)).unwrap();
+    let mut cqes = [nvmf_protocol::Cqe::success(0, 0, 0, 0); 4];
+    assert_eq!(q.poll(&mut cqes).unwrap(), 1);
+    assert!(cqes[0].status.is_success(), "{:?}", cqes[0].status);
+
+    let (address, key) = q.bind_window(512..1024).unwrap().unwrap();
+    let read = |cid, address, len| {
+        ReadCmd {
+            cid,
+            nsid: 1,
+            slba: 0,
+            nlb: 0,
+            control: RwControl::default(),
+            dsm: 0,
+            sgl: SglDescriptor::keyed(address, len, key, true).unwrap(),
+        }
+        .to_sqe()
+    };
+    // Past the window's end: refused even though the region is bigger.
+    q.submit(&read(2, address + 8, 512), None).unwrap();
+    let (address, key2) = q.bind_window(512..1024).unwrap().unwrap();
+    let _ = key;
+    let ok = ReadCmd {
+        cid: 3,
+        nsid: 1,
+        slba: 0,
+        nlb: 0,
+        control: RwControl::default(),
+        dsm: 0,
+        sgl: SglDescriptor::keyed(address, 512, key2, true).unwrap(),
+    }
+    .to_sqe();
+    q.submit(&ok, None).unwrap();
+    // The same key again: invalidated by the first use.
+    q.submit(&Sqe { cid: 4, ..ok }, None).unwrap();
+    assert_eq!(q.poll(&mut cqes).unwrap(), 3);
+    let generic_of = |c: &nvmf_protocol::Cqe| c.status.code;
+    assert_eq!(
+        generic_of(&cqes[0]),
+        StatusCode::Generic(GenericStatus::DataTransferError)
+    );
+    assert!(cqes[1].status.is_success());
+    assert_eq!(
+        generic_of(&cqes[2]),
+        StatusCode::Generic(GenericStatus::DataTransferError)
+    );
+}

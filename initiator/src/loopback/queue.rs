@@ -1,10 +1,10 @@
 //! The loopback queue: executes each capsule on the fake target at submit time and hands the
 //! response back on the next poll (so commands are really "in flight" between the two).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
-use nvmf_protocol::{Cqe, Sqe};
+use nvmf_protocol::{Cqe, SglDescriptor, Sqe};
 
 use super::target::{Capsule, LoopbackTarget};
 use crate::queue::{ConnectError, DataRegion, HostQueue, QueueConnectParams, QueueError};
@@ -28,6 +28,8 @@ pub struct LoopbackQueue {
     in_capsule_limit: usize,
     connected: bool,
     sqhd: u16,
+    /// Windows bound and not yet used: key -> region range.
+    windows: HashMap<u32, Range<usize>>,
 }
 
 impl LoopbackQueue {
@@ -53,6 +55,7 @@ impl LoopbackQueue {
             in_capsule_limit: params.in_capsule_data,
             connected: true,
             sqhd: 0,
+            windows: HashMap::new(),
         })
     }
 
@@ -109,7 +112,15 @@ impl HostQueue for LoopbackQueue {
             }
         }
         self.sqhd = (self.sqhd + 1) % self.depth.max(1);
+        // A window key opens its range for this one command; the response invalidates it.
+        let window = match sqe.sgl1() {
+            Ok(SglDescriptor::KeyedDataBlock { key, .. }) if key != self.region_info.key => {
+                self.windows.remove(&key).map(|range| (key, range))
+            }
+            _ => None,
+        };
         let capsule = Capsule {
+            window,
             qid: self.qid,
             cntlid: self.cntlid,
             sqe: *sqe,
@@ -148,6 +159,20 @@ impl HostQueue for LoopbackQueue {
             }
         }
         Ok(n)
+    }
+
+    fn bind_window(&mut self, range: Range<usize>) -> Result<Option<(u64, u32)>, QueueError> {
+        if range.end > self.region.len() {
+            return Err(QueueError::Invalid(format!(
+                "window {range:?} outside the region"
+            )));
+        }
+        let Some(key) = self.target.window_key() else {
+            return Ok(None);
+        };
+        let address = self.region_info.address + range.start as u64;
+        self.windows.insert(key, range);
+        Ok(Some((address, key)))
     }
 
     fn is_connected(&self) -> bool {

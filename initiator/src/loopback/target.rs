@@ -69,6 +69,8 @@ pub struct LoopbackConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// Subsystems the discovery log lists (NQN, address, service).
     pub discovery_entries: Vec<(String, String, String)>,
+    /// The "device" supports memory windows (per-command keys).
+    pub memory_windows: bool,
 }
 
 impl Default for LoopbackConfig {
@@ -93,6 +95,7 @@ impl Default for LoopbackConfig {
                 "127.0.0.1".into(),
                 "4420".into(),
             )],
+            memory_windows: false,
         }
     }
 }
@@ -120,6 +123,8 @@ pub struct LoopbackStats {
     pub largest_transfer: usize,
     /// Opcodes of the I/O commands executed, in order (capped at 4096 entries).
     pub io_opcodes: Vec<u8>,
+    /// Data transfers through a per-command window key.
+    pub window_transfers: u64,
 }
 
 /// A capsule as the fake target receives it.
@@ -131,6 +136,8 @@ pub(super) struct Capsule {
     pub in_capsule: Option<Range<usize>>,
     pub region_info: DataRegion,
     pub sqhd: u16,
+    /// A window bound for this command only: (key, range of the region).
+    pub window: Option<(u32, Range<usize>)>,
 }
 
 /// What executing a capsule produced.
@@ -267,6 +274,16 @@ impl LoopbackTarget {
         self.lock().controllers.len()
     }
 
+    /// A fresh key for a window, or `None` without window support.
+    pub(super) fn window_key(&self) -> Option<u32> {
+        let mut s = self.lock();
+        if !s.config.memory_windows {
+            return None;
+        }
+        s.next_key += 1;
+        Some(s.next_key | 0x8000_0000)
+    }
+
     pub(super) fn epoch(&self) -> u64 {
         self.lock().epoch
     }
@@ -313,6 +330,9 @@ impl LoopbackTarget {
         } else {
             false
         };
+        if c.window.is_some() {
+            s.stats.window_transfers += 1;
+        }
         let answer = s.dispatch(c, region, &mut out);
         let cqe = match answer {
             Ok((result, _)) => Cqe::success(c.sqe.cid, c.qid, c.sqhd, result),
@@ -355,11 +375,18 @@ fn data_window(
             ..
         } => {
             let length = length.get() as usize;
-            if key != c.region_info.key || address < c.region_info.address {
+            // The memory the key opens: the whole region, or one command's window.
+            let (base, limit) = match &c.window {
+                Some((wkey, w)) if *wkey == key => (w.start, w.end),
+                _ if key == c.region_info.key => (0, region_len),
+                _ => return Err(generic(GenericStatus::DataTransferError)),
+            };
+            let base_address = c.region_info.address + base as u64;
+            if address < base_address {
                 return Err(generic(GenericStatus::DataTransferError));
             }
-            let start = (address - c.region_info.address) as usize;
-            if start.saturating_add(length) > region_len {
+            let start = base + (address - base_address) as usize;
+            if start.saturating_add(length) > limit {
                 return Err(generic(GenericStatus::DataTransferError));
             }
             if length < need {
