@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nvmf_protocol::admin::AsyncEvent;
 use nvmf_protocol::fabrics::{CNTLID_DYNAMIC, CONNECT_DATA_SIZE, ConnectData, ConnectResponse};
 use nvmf_protocol::features::{FeatureId, NumberOfQueues};
 use nvmf_protocol::identify::{
@@ -726,11 +725,6 @@ impl State {
                 let n = (image.len() - start).min(len);
                 dest[..n].copy_from_slice(&image[start..start + n]);
                 Ok((0, None))
-            }
-            AdminOpcode::AsyncEventRequest => {
-                // Answered only when something happens; the fake never has events.
-                let _ = AsyncEvent::from_dw0(0);
-                Err(generic(GenericStatus::InvalidOpcode))
             }
             _ => Err(generic(GenericStatus::InvalidOpcode)),
         }
