@@ -144,3 +144,27 @@ fn using_the_device_sends_keep_alives() {
     dev.read_at(0, &mut buf).unwrap();
     assert_eq!(target.stats().keep_alives, 1);
 }
+
+#[test]
+fn flushed_data_reads_back_after_the_target_restarts() {
+    let policy = ReconnectPolicy {
+        reconnect_delay: Duration::from_secs(2),
+        ctrl_loss_timeout: Some(Duration::from_secs(60)),
+        fast_io_fail: None,
+    };
+    let (target, mut dev, clock) = device_with_clock(LoopbackConfig::default(), policy);
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+    dev.write_at(12_345, &data).unwrap();
+    dev.flush().unwrap();
+    // The target "dies" and stays down for a while; the read waits it out per the policy.
+    target.drop_connections();
+    target.refuse_connects(true);
+    dev.controller_mut().poll();
+    clock.advance(Duration::from_secs(5));
+    dev.controller_mut().poll();
+    target.refuse_connects(false);
+    let mut back = vec![0u8; data.len()];
+    dev.read_at(12_345, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(dev.controller().reconnects(), 1);
+}
