@@ -1,0 +1,314 @@
+//! Synchronous command execution on one queue: the admin queue for its whole life, and an I/O
+//! queue during its Fabrics Connect. Control path: it waits for each answer (with a timeout)
+//! and may allocate. Data for a command sits in the command's slot of the queue's region and
+//! travels by keyed SGL (or in the capsule when asked).
+//!
+//! Keep Alive runs in the background: [`AdminQueue::send_keep_alive`] submits without waiting
+//! and the answer is picked up by whichever later call polls the queue.
+
+use std::time::Duration;
+
+use nvmf_protocol::sqe::FABRICS_OPCODE;
+use nvmf_protocol::{Cqe, SglDescriptor, Sqe, StatusContext};
+
+use crate::cid::{CidLookup, CidTable};
+use crate::clock::SharedClock;
+use crate::error::{Error, Result};
+use crate::queue::HostQueue;
+
+/// How a command's host-to-controller data travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPlacement {
+    /// Keyed SGL: the target reads it from the region.
+    Keyed,
+    /// In the capsule, after the SQE.
+    InCapsule,
+}
+
+/// A command's data.
+#[derive(Debug, Clone, Copy)]
+pub enum Transfer<'a> {
+    /// No data.
+    None,
+    /// Controller to host, this many bytes.
+    ToHost(usize),
+    /// Host to controller.
+    FromHost(&'a [u8], DataPlacement),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    Wait,
+    KeepAlive,
+}
+
+/// Statistics of one synchronous queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdminStats {
+    /// Completions whose CID matched nothing in flight (late or duplicate).
+    pub stale_completions: u64,
+    /// Keep Alive commands answered.
+    pub keep_alives_answered: u64,
+}
+
+/// A queue driven one command at a time (plus background keep-alives).
+pub struct AdminQueue<Q: HostQueue> {
+    queue: Q,
+    cids: CidTable<Purpose>,
+    slot_size: usize,
+    clock: SharedClock,
+    timeout: Duration,
+    finished: Vec<Option<Cqe>>,
+    keep_alive_in_flight: bool,
+    keep_alive_error: Option<Error>,
+    stats: AdminStats,
+    broken: Option<String>,
+}
+
+impl<Q: HostQueue> std::fmt::Debug for AdminQueue<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminQueue")
+            .field("qid", &self.queue.qid())
+            .field("depth", &self.cids.depth())
+            .field("slot_size", &self.slot_size)
+            .finish()
+    }
+}
+
+/// Poll interval while waiting for an answer: short, the admin path is rare.
+const WAIT_STEP: Duration = Duration::from_micros(100);
+
+impl<Q: HostQueue> AdminQueue<Q> {
+    /// Drive `queue`, whose region holds `queue.depth()` slots of `slot_size` bytes.
+    pub fn new(queue: Q, slot_size: usize, clock: SharedClock, timeout: Duration) -> Self {
+        let depth = usize::from(queue.depth())
+            .min(queue.region().len / slot_size.max(1))
+            .max(1);
+        Self {
+            queue,
+            cids: CidTable::new(depth),
+            slot_size,
+            clock,
+            timeout,
+            finished: vec![None; depth],
+            keep_alive_in_flight: false,
+            keep_alive_error: None,
+            stats: AdminStats::default(),
+            broken: None,
+        }
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &Q {
+        &self.queue
+    }
+    /// Give the queue back (for an I/O queue after its Connect).
+    pub fn into_queue(self) -> Q {
+        self.queue
+    }
+    /// Largest data transfer of one command.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+    /// Counters.
+    pub fn stats(&self) -> AdminStats {
+        self.stats
+    }
+    /// True while the connection is usable.
+    pub fn is_connected(&self) -> bool {
+        self.broken.is_none() && self.queue.is_connected()
+    }
+    /// Tear down.
+    pub fn disconnect(&mut self) {
+        self.queue.disconnect();
+        self.mark_broken("disconnected by the host".into());
+    }
+
+    fn mark_broken(&mut self, why: String) {
+        if self.broken.is_none() {
+            self.broken = Some(why);
+        }
+        self.cids.drain(|_, _| {});
+        self.keep_alive_in_flight = false;
+    }
+
+    fn lost(&self) -> Error {
+        Error::ConnectionLost(
+            self.broken
+                .clone()
+                .unwrap_or_else(|| "admin queue disconnected".into()),
+        )
+    }
+
+    /// Reap completions; route them to their waiters.
+    pub fn poll(&mut self) -> Result<usize> {
+        if self.broken.is_some() {
+            return Err(self.lost());
+        }
+        let mut cqes = [Cqe::success(0, 0, 0, 0); 16];
+        let n = match self.queue.poll(&mut cqes) {
+            Ok(n) => n,
+            Err(e) => {
+                self.mark_broken(e.to_string());
+                return Err(self.lost());
+            }
+        };
+        for cqe in &cqes[..n] {
+            match self.cids.complete(cqe.cid) {
+                CidLookup::Completed {
+                    payload: Purpose::KeepAlive,
+                    ..
+                } => {
+                    self.keep_alive_in_flight = false;
+                    self.stats.keep_alives_answered += 1;
+                    if !cqe.status.is_success() {
+                        self.keep_alive_error = Some(Error::Nvme {
+                            command: "Keep Alive",
+                            status: cqe.status,
+                        });
+                    }
+                }
+                CidLookup::Completed { index, .. } => self.finished[index] = Some(*cqe),
+                CidLookup::Stale => {
+                    self.stats.stale_completions += 1;
+                    tracing::warn!(
+                        cid = cqe.cid,
+                        qid = self.queue.qid(),
+                        "stale completion ignored"
+                    );
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Submit a Keep Alive without waiting. Errors if the previous one is still unanswered
+    /// (the controller missed a whole keep-alive interval: treat the connection as dead).
+    pub fn send_keep_alive(&mut self) -> Result<()> {
+        self.poll()?;
+        if let Some(e) = self.keep_alive_error.take() {
+            return Err(e);
+        }
+        if self.keep_alive_in_flight {
+            self.queue.disconnect();
+            self.mark_broken("keep alive unanswered for a whole interval".into());
+            return Err(Error::Timeout {
+                what: "Keep Alive",
+                after: self.timeout,
+            });
+        }
+        let (_, cid) = self
+            .cids
+            .allocate(Purpose::KeepAlive)
+            .ok_or(Error::QueueFull)?;
+        let mut sqe = Sqe::new(nvmf_protocol::AdminOpcode::KeepAlive.raw(), cid, 0);
+        sqe.set_sgl1(SglDescriptor::NULL);
+        if let Err(e) = self.queue.submit(&sqe, None) {
+            self.cids.complete(cid);
+            self.mark_broken(e.to_string());
+            return Err(self.lost());
+        }
+        self.keep_alive_in_flight = true;
+        Ok(())
+    }
+
+    /// Run one command and wait for its answer. `sqe`'s CID and SGL1 are filled in here.
+    /// Returns the completion (success only) and, for `Transfer::ToHost`, the data.
+    pub fn execute(
+        &mut self,
+        name: &'static str,
+        mut sqe: Sqe,
+        transfer: Transfer<'_>,
+    ) -> Result<(Cqe, Vec<u8>)> {
+        self.poll()?;
+        let (index, cid) = self.cids.allocate(Purpose::Wait).ok_or(Error::QueueFull)?;
+        let base = index * self.slot_size;
+        let region = self.queue.region();
+        sqe.cid = cid;
+        let mut in_capsule = None;
+        let mut sgl = SglDescriptor::NULL;
+        let mut read_len = 0;
+        match transfer {
+            Transfer::None => {}
+            Transfer::ToHost(len) => {
+                if len > self.slot_size {
+                    self.cids.complete(cid);
+                    return Err(Error::InvalidArgument(format!(
+                        "{name}: {len} bytes > slot {}",
+                        self.slot_size
+                    )));
+                }
+                read_len = len;
+                sgl = keyed(region.address + base as u64, len, region.key)?;
+            }
+            Transfer::FromHost(data, placement) => {
+                if data.len() > self.slot_size {
+                    self.cids.complete(cid);
+                    return Err(Error::InvalidArgument(format!(
+                        "{name}: {} bytes > slot {}",
+                        data.len(),
+                        self.slot_size
+                    )));
+                }
+                self.queue.region_bytes_mut()[base..base + data.len()].copy_from_slice(data);
+                match placement {
+                    DataPlacement::Keyed => {
+                        sgl = keyed(region.address + base as u64, data.len(), region.key)?
+                    }
+                    DataPlacement::InCapsule => {
+                        sgl = SglDescriptor::DataBlockOffset {
+                            offset: 0,
+                            length: data.len() as u32,
+                        };
+                        in_capsule = Some(base..base + data.len());
+                    }
+                }
+            }
+        }
+        sqe.set_sgl1(sgl);
+        if let Err(e) = self.queue.submit(&sqe, in_capsule) {
+            self.cids.complete(cid);
+            return Err(e.into());
+        }
+        let deadline = self.clock.now() + self.timeout;
+        loop {
+            self.poll()?;
+            if let Some(cqe) = self.finished[index].take() {
+                let ctx = if sqe.opcode == FABRICS_OPCODE {
+                    StatusContext::Fabrics
+                } else {
+                    StatusContext::Nvm
+                };
+                let status = cqe.status.in_context(ctx);
+                if !status.is_success() {
+                    return Err(Error::Nvme {
+                        command: name,
+                        status,
+                    });
+                }
+                let data = self.queue.region_bytes()[base..base + read_len].to_vec();
+                return Ok((cqe, data));
+            }
+            if self.clock.now() >= deadline {
+                // The CID cannot be reused safely while the controller may still answer it:
+                // give the connection up, like the Linux host's error recovery does.
+                self.queue.disconnect();
+                self.mark_broken(format!("{name} timed out"));
+                return Err(Error::Timeout {
+                    what: name,
+                    after: self.timeout,
+                });
+            }
+            self.clock.idle(WAIT_STEP);
+        }
+    }
+}
+
+/// A keyed data block over `len` bytes at `address`.
+pub(crate) fn keyed(address: u64, len: usize, key: u32) -> Result<SglDescriptor> {
+    SglDescriptor::keyed(address, len as u32, key, false)
+        .filter(|_| u32::try_from(len).is_ok())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!("{len} bytes exceed a keyed SGL's 24-bit length"))
+        })
+}

@@ -1,0 +1,7 @@
+//! What the `nvmf` and `nvmf-perf` tools print and parse, as testable library code:
+//! shared connection flags ([`args`]) and nvme-cli-like formatting of Identify Controller,
+//! Identify Namespace, the namespace list, the discovery log, features and log pages
+//! ([`mod@format`]).
+
+pub mod args;
+pub mod format;

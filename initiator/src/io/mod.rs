@@ -1,0 +1,563 @@
+//! Asynchronous I/O on one I/O queue: submit read / write / compare / flush / write zeroes /
+//! deallocate with a caller token, poll for completions. Owned and polled by one reactor.
+//!
+//! Each in-flight command owns one slot of the queue's data region (slot index = CID index),
+//! so submission allocates nothing. Writes up to the in-capsule limit travel in the capsule
+//! (target advertised SGLS offset support and IOCCSZ room), larger ones by keyed SGL.
+//! A lost connection fails every in-flight command with [`Error::ConnectionLost`]
+//! at the next poll; nothing waits forever. A completion whose CID (with its generation)
+//! matches nothing in flight is counted as stale and dropped.
+
+use std::time::{Duration, Instant};
+
+use nvmf_protocol::nvm::{
+    DSM_MAX_RANGES, DSM_RANGE_SIZE, DatasetManagementCmd, DsmRange, FlushCmd, ReadCmd, RwControl,
+    WriteCmd, WriteZeroesCmd,
+};
+use nvmf_protocol::{Cqe, IoOpcode, SglDescriptor, Sqe};
+
+use crate::admin::keyed;
+use crate::cid::{CidLookup, CidTable};
+use crate::clock::SharedClock;
+use crate::error::{Error, Result};
+use crate::queue::HostQueue;
+
+/// Kinds of I/O command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoKind {
+    /// Read.
+    Read,
+    /// Write.
+    Write,
+    /// Compare.
+    Compare,
+    /// Flush.
+    Flush,
+    /// Write Zeroes.
+    WriteZeroes,
+    /// Dataset Management with Deallocate.
+    Deallocate,
+}
+
+impl IoKind {
+    /// Command name for errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "Read",
+            Self::Write => "Write",
+            Self::Compare => "Compare",
+            Self::Flush => "Flush",
+            Self::WriteZeroes => "Write Zeroes",
+            Self::Deallocate => "Dataset Management",
+        }
+    }
+}
+
+/// The namespace facts an I/O needs (copied from [`crate::controller::Namespace`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NsTarget {
+    /// Namespace id.
+    pub nsid: u32,
+    /// Block size in bytes.
+    pub block_size: u32,
+    /// Size in blocks.
+    pub blocks: u64,
+}
+
+/// One finished I/O.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IoCompletion {
+    /// The caller's token.
+    pub token: u64,
+    /// What it was.
+    pub kind: IoKind,
+    /// Success, or why not.
+    pub result: Result<()>,
+    /// Submission to completion.
+    pub latency: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pending {
+    token: u64,
+    kind: IoKind,
+    bytes: u32,
+    submitted: Instant,
+}
+
+/// Counters of one I/O queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Commands submitted.
+    pub submitted: u64,
+    /// Commands completed (any result).
+    pub completed: u64,
+    /// Writes sent with in-capsule data.
+    pub in_capsule_writes: u64,
+    /// Late or duplicate completions dropped.
+    pub stale_completions: u64,
+    /// Commands failed because the connection was lost.
+    pub failed_by_loss: u64,
+}
+
+/// Per-queue limits fixed at connect time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoLimits {
+    /// Largest data transfer of one command (slot size; MDTS and the host's maximum).
+    pub max_transfer: usize,
+    /// Largest write sent in the capsule (0 = never).
+    pub in_capsule: usize,
+    /// Commands older than this fail the connection (0 = no timeout).
+    pub timeout: Duration,
+    /// Give each command's data its own key (memory window) when the queue supports it.
+    pub per_io_keys: bool,
+}
+
+/// One I/O queue.
+pub struct IoQueue<Q: HostQueue> {
+    queue: Q,
+    cids: CidTable<Pending>,
+    limits: IoLimits,
+    clock: SharedClock,
+    stats: IoStats,
+    lost: Option<String>,
+    /// Failures not yet delivered (connection loss); drained by the next poll.
+    undelivered: Vec<IoCompletion>,
+    /// When to scan for timed-out commands next (a scan is O(depth), so not every poll).
+    next_timeout_scan: Instant,
+}
+
+impl<Q: HostQueue> std::fmt::Debug for IoQueue<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoQueue")
+            .field("qid", &self.queue.qid())
+            .field("depth", &self.cids.depth())
+            .field("limits", &self.limits)
+            .field("lost", &self.lost)
+            .finish()
+    }
+}
+
+impl<Q: HostQueue> IoQueue<Q> {
+    /// Wrap a connected queue (Fabrics Connect done).
+    pub fn new(queue: Q, limits: IoLimits, clock: SharedClock) -> Self {
+        let depth = usize::from(queue.depth())
+            .min(queue.region().len / limits.max_transfer.max(1))
+            .max(1);
+        Self {
+            queue,
+            cids: CidTable::new_half_turn(depth),
+            limits,
+            stats: IoStats::default(),
+            lost: None,
+            undelivered: Vec::with_capacity(depth),
+            next_timeout_scan: clock.now(),
+            clock,
+        }
+    }
+
+    /// Queue id.
+    pub fn qid(&self) -> u16 {
+        self.queue.qid()
+    }
+    /// Commands that may be in flight at once.
+    pub fn depth(&self) -> usize {
+        self.cids.depth()
+    }
+    /// Commands in flight.
+    pub fn in_flight(&self) -> usize {
+        self.cids.in_flight()
+    }
+    /// Limits.
+    pub fn limits(&self) -> IoLimits {
+        self.limits
+    }
+    /// Counters.
+    pub fn stats(&self) -> IoStats {
+        self.stats
+    }
+    /// True until the connection is lost.
+    pub fn is_connected(&self) -> bool {
+        self.lost.is_none() && self.queue.is_connected()
+    }
+    /// Why the connection is gone.
+    pub fn loss_reason(&self) -> Option<&str> {
+        self.lost.as_deref()
+    }
+    /// The underlying queue.
+    pub fn queue(&self) -> &Q {
+        &self.queue
+    }
+
+    /// Tear the connection down; every in-flight command fails at the next poll.
+    pub fn disconnect(&mut self, why: &str) {
+        self.queue.disconnect();
+        self.connection_lost(why.to_string());
+    }
+
+    fn connection_lost(&mut self, why: String) {
+        if self.lost.is_none() {
+            tracing::warn!(qid = self.queue.qid(), reason = %why, "I/O queue lost its connection");
+            self.lost = Some(why.clone());
+        }
+        let now = self.clock.now();
+        let mut failed = 0;
+        let undelivered = &mut self.undelivered;
+        self.cids.drain(|_, p| {
+            failed += 1;
+            undelivered.push(IoCompletion {
+                token: p.token,
+                kind: p.kind,
+                result: Err(Error::ConnectionLost(why.clone())),
+                latency: now.saturating_duration_since(p.submitted),
+            });
+        });
+        self.stats.failed_by_loss += failed;
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        match &self.lost {
+            Some(why) => Err(Error::ConnectionLost(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn blocks_ok(ns: &NsTarget, lba: u64, blocks: u32) -> Result<usize> {
+        if blocks == 0 || blocks > 0x1_0000 {
+            return Err(Error::InvalidArgument(format!(
+                "{blocks} blocks (1..=65536 per command)"
+            )));
+        }
+        if lba
+            .checked_add(u64::from(blocks))
+            .is_none_or(|end| end > ns.blocks)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "LBA {lba} + {blocks} beyond namespace {} ({} blocks)",
+                ns.nsid, ns.blocks
+            )));
+        }
+        Ok(blocks as usize * ns.block_size as usize)
+    }
+
+    fn start(&mut self, token: u64, kind: IoKind, bytes: usize) -> Result<(usize, u16)> {
+        self.check_usable()?;
+        if bytes > self.limits.max_transfer {
+            return Err(Error::InvalidArgument(format!(
+                "{bytes} bytes > largest transfer {}",
+                self.limits.max_transfer
+            )));
+        }
+        let pending = Pending {
+            token,
+            kind,
+            bytes: bytes as u32,
+            submitted: self.clock.now(),
+        };
+        self.cids.allocate(pending).ok_or(Error::QueueFull)
+    }
+
+    fn send(
+        &mut self,
+        cid: u16,
+        sqe: &Sqe,
+        in_capsule: Option<std::ops::Range<usize>>,
+    ) -> Result<()> {
+        match self.queue.submit(sqe, in_capsule) {
+            Ok(()) => {
+                self.stats.submitted += 1;
+                Ok(())
+            }
+            Err(crate::queue::QueueError::Disconnected(why)) => {
+                // This command never left: release its slot so only the caller hears of it;
+                // the others in flight fail at the next poll.
+                self.cids.complete(cid);
+                self.connection_lost(why.clone());
+                Err(Error::ConnectionLost(why))
+            }
+            Err(e) => {
+                self.cids.complete(cid);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn slot_range(&self, index: usize, bytes: usize) -> std::ops::Range<usize> {
+        let base = index * self.limits.max_transfer;
+        base..base + bytes
+    }
+
+    fn data_sgl(&mut self, range: &std::ops::Range<usize>) -> Result<SglDescriptor> {
+        if self.limits.per_io_keys {
+            if let Some((address, key)) = self.queue.bind_window(range.clone())? {
+                // Subtype 0xF: the target invalidates the window's key with its response.
+                return SglDescriptor::keyed(address, range.len() as u32, key, true).ok_or_else(
+                    || Error::InvalidArgument(format!("{} bytes in one keyed SGL", range.len())),
+                );
+            }
+        }
+        let r = self.queue.region();
+        keyed(r.address + range.start as u64, range.len(), r.key)
+    }
+
+    /// Submit a Read of `blocks` blocks at `lba`; the data is handed to the poll callback.
+    pub fn submit_read(&mut self, ns: &NsTarget, lba: u64, blocks: u32, token: u64) -> Result<()> {
+        let bytes = Self::blocks_ok(ns, lba, blocks)?;
+        let (index, cid) = self.start(token, IoKind::Read, bytes)?;
+        let range = self.slot_range(index, bytes);
+        let sqe = ReadCmd {
+            cid,
+            nsid: ns.nsid,
+            slba: lba,
+            nlb: (blocks - 1) as u16,
+            control: RwControl::default(),
+            dsm: 0,
+            sgl: self.data_sgl(&range)?,
+        }
+        .to_sqe();
+        self.send(cid, &sqe, None)
+    }
+
+    fn submit_data_out(
+        &mut self,
+        kind: IoKind,
+        ns: &NsTarget,
+        lba: u64,
+        blocks: u32,
+        token: u64,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        let bytes = Self::blocks_ok(ns, lba, blocks)?;
+        let (index, cid) = self.start(token, kind, bytes)?;
+        let range = self.slot_range(index, bytes);
+        fill(&mut self.queue.region_bytes_mut()[range.clone()]);
+        let in_capsule = kind == IoKind::Write && bytes <= self.limits.in_capsule;
+        let sgl = if in_capsule {
+            SglDescriptor::DataBlockOffset {
+                offset: 0,
+                length: bytes as u32,
+            }
+        } else {
+            self.data_sgl(&range)?
+        };
+        let mut sqe = WriteCmd {
+            cid,
+            nsid: ns.nsid,
+            slba: lba,
+            nlb: (blocks - 1) as u16,
+            control: RwControl::default(),
+            dtype: 0,
+            dsm: 0,
+            dspec: 0,
+            sgl,
+        }
+        .to_sqe();
+        if kind == IoKind::Compare {
+            // Compare shares Write's layout (SLBA, NLB, SGL) with its own opcode.
+            sqe.opcode = IoOpcode::Compare.raw();
+        }
+        if in_capsule {
+            self.stats.in_capsule_writes += 1;
+        }
+        self.send(cid, &sqe, in_capsule.then_some(range))
+    }
+
+    /// Submit a Write; `fill` writes the data into the command's slot (exactly
+    /// `blocks * block_size` bytes).
+    pub fn submit_write(
+        &mut self,
+        ns: &NsTarget,
+        lba: u64,
+        blocks: u32,
+        token: u64,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        self.submit_data_out(IoKind::Write, ns, lba, blocks, token, fill)
+    }
+
+    /// Submit a Compare against the data `fill` writes; a mismatch completes with the media
+    /// status Compare Failure.
+    pub fn submit_compare(
+        &mut self,
+        ns: &NsTarget,
+        lba: u64,
+        blocks: u32,
+        token: u64,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
+        self.submit_data_out(IoKind::Compare, ns, lba, blocks, token, fill)
+    }
+
+    /// Submit a Flush.
+    pub fn submit_flush(&mut self, nsid: u32, token: u64) -> Result<()> {
+        let (_, cid) = self.start(token, IoKind::Flush, 0)?;
+        let mut sqe = FlushCmd { cid, nsid }.to_sqe();
+        sqe.set_sgl1(SglDescriptor::NULL);
+        self.send(cid, &sqe, None)
+    }
+
+    /// Submit a Write Zeroes.
+    pub fn submit_write_zeroes(
+        &mut self,
+        ns: &NsTarget,
+        lba: u64,
+        blocks: u32,
+        token: u64,
+    ) -> Result<()> {
+        Self::blocks_ok(ns, lba, blocks)?;
+        let (_, cid) = self.start(token, IoKind::WriteZeroes, 0)?;
+        let mut sqe = WriteZeroesCmd {
+            cid,
+            nsid: ns.nsid,
+            slba: lba,
+            nlb: (blocks - 1) as u16,
+            deac: false,
+            control: RwControl::default(),
+        }
+        .to_sqe();
+        sqe.set_sgl1(SglDescriptor::NULL);
+        self.send(cid, &sqe, None)
+    }
+
+    /// Submit a Dataset Management Deallocate of `ranges` (LBA, blocks).
+    pub fn submit_deallocate(
+        &mut self,
+        ns: &NsTarget,
+        ranges: &[(u64, u32)],
+        token: u64,
+    ) -> Result<()> {
+        if ranges.is_empty() || ranges.len() > DSM_MAX_RANGES {
+            return Err(Error::InvalidArgument(format!(
+                "{} ranges (1..=256)",
+                ranges.len()
+            )));
+        }
+        for &(lba, blocks) in ranges {
+            if lba
+                .checked_add(u64::from(blocks))
+                .is_none_or(|end| end > ns.blocks)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "deallocate LBA {lba} + {blocks} out of range"
+                )));
+            }
+        }
+        let bytes = ranges.len() * DSM_RANGE_SIZE;
+        let (index, cid) = self.start(token, IoKind::Deallocate, bytes)?;
+        let range = self.slot_range(index, bytes);
+        let slot = &mut self.queue.region_bytes_mut()[range.clone()];
+        for (chunk, &(slba, length)) in slot.chunks_exact_mut(DSM_RANGE_SIZE).zip(ranges) {
+            chunk.copy_from_slice(
+                &DsmRange {
+                    context_attributes: 0,
+                    length,
+                    slba,
+                }
+                .to_bytes(),
+            );
+        }
+        let sqe = DatasetManagementCmd {
+            cid,
+            nsid: ns.nsid,
+            nr: (ranges.len() - 1) as u8,
+            idr: false,
+            idw: false,
+            ad: true,
+            sgl: self.data_sgl(&range)?,
+        }
+        .to_sqe();
+        self.send(cid, &sqe, None)
+    }
+
+    /// Reap completions; `on_complete` gets each with, for reads, the data read. Returns how
+    /// many were delivered. Connection loss is delivered as failed completions, not an error.
+    pub fn poll(&mut self, mut on_complete: impl FnMut(IoCompletion, &[u8])) -> usize {
+        let mut delivered = 0;
+        if self.lost.is_none() {
+            let mut cqes = [Cqe::success(0, 0, 0, 0); 32];
+            match self.queue.poll(&mut cqes) {
+                Ok(n) => {
+                    let now = self.clock.now();
+                    for cqe in &cqes[..n] {
+                        delivered += self.complete_one(cqe, now, &mut on_complete);
+                    }
+                }
+                Err(e) => self.connection_lost(e.to_string()),
+            }
+            if self.lost.is_none() && !self.limits.timeout.is_zero() {
+                let now = self.clock.now();
+                if now >= self.next_timeout_scan {
+                    // A quarter of the timeout between scans: a command fails at most 25% late.
+                    self.next_timeout_scan = now + self.limits.timeout / 4;
+                    self.check_timeouts();
+                }
+            }
+        }
+        for c in self.undelivered.drain(..) {
+            self.stats.completed += 1;
+            on_complete(c, &[]);
+            delivered += 1;
+        }
+        delivered
+    }
+
+    fn complete_one(
+        &mut self,
+        cqe: &Cqe,
+        now: Instant,
+        on_complete: &mut impl FnMut(IoCompletion, &[u8]),
+    ) -> usize {
+        let CidLookup::Completed { index, payload } = self.cids.complete(cqe.cid) else {
+            self.stats.stale_completions += 1;
+            tracing::warn!(
+                cid = cqe.cid,
+                qid = self.queue.qid(),
+                "stale completion ignored"
+            );
+            return 0;
+        };
+        self.stats.completed += 1;
+        let result = if cqe.status.is_success() {
+            Ok(())
+        } else {
+            Err(Error::Nvme {
+                command: payload.kind.name(),
+                status: cqe.status,
+            })
+        };
+        let data_len = if payload.kind == IoKind::Read && result.is_ok() {
+            payload.bytes as usize
+        } else {
+            0
+        };
+        let range = self.slot_range(index, data_len);
+        on_complete(
+            IoCompletion {
+                token: payload.token,
+                kind: payload.kind,
+                result,
+                latency: now.saturating_duration_since(payload.submitted),
+            },
+            &self.queue.region_bytes()[range],
+        );
+        1
+    }
+
+    fn check_timeouts(&mut self) {
+        let now = self.clock.now();
+        let limit = self.limits.timeout;
+        let expired = (0..self.cids.depth()).any(|i| {
+            self.cids
+                .payload(i)
+                .is_some_and(|p| now.saturating_duration_since(p.submitted) >= limit)
+        });
+        if expired {
+            // A CID the controller may still answer cannot be reused: give the connection up.
+            self.queue.disconnect();
+            self.connection_lost(format!("I/O command timed out after {limit:?}"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,370 @@
+//! Asynchronous I/O against the loopback fake: data paths, typed statuses, stale CIDs,
+//! connection loss mid-I/O and timeouts.
+
+use std::time::Duration;
+
+use nvmf_protocol::IoOpcode;
+use nvmf_protocol::status::{GenericStatus, MediaStatus, StatusCode};
+
+use super::*;
+use crate::controller::tests::attach;
+use crate::controller::{Controller, ReconnectPolicy};
+use crate::loopback::{LoopbackConfig, LoopbackFabric, LoopbackTarget};
+
+fn setup() -> (
+    LoopbackTarget,
+    Controller<LoopbackFabric>,
+    crate::clock::VirtualClock,
+) {
+    let (t, c, clock) = attach(LoopbackConfig::default(), |o| {
+        o.reconnect = ReconnectPolicy::never();
+        o.io_timeout = Duration::from_secs(3);
+    });
+    (t, c.unwrap(), clock)
+}
+
+/// Poll until `n` completions arrived (bounded so a bug fails instead of hanging).
+fn collect(
+    q: &mut IoQueue<crate::loopback::LoopbackQueue>,
+    n: usize,
+) -> Vec<(IoCompletion, Vec<u8>)> {
+    let mut out = Vec::new();
+    for _ in 0..1000 {
+        q.poll(|c, d| out.push((c, d.to_vec())));
+        if out.len() >= n {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn write_then_read_with_tokens_in_capsule_and_keyed() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    // 8 blocks = 4096 bytes: fits the in-capsule limit. 16 blocks: keyed SGL.
+    q.submit_write(&ns, 0, 8, 1, |s| s.fill(0xaa)).unwrap();
+    q.submit_write(&ns, 8, 16, 2, |s| s.fill(0xbb)).unwrap();
+    let done = collect(q, 2);
+    assert_eq!(
+        done.iter()
+            .map(|(c, _)| (c.token, c.kind, c.result.clone()))
+            .collect::<Vec<_>>(),
+        vec![(1, IoKind::Write, Ok(())), (2, IoKind::Write, Ok(()))]
+    );
+    assert_eq!(q.stats().in_capsule_writes, 1);
+    assert_eq!(
+        (
+            target.stats().in_capsule_writes,
+            target.stats().keyed_writes
+        ),
+        (1, 1)
+    );
+    q.submit_read(&ns, 4, 8, 3).unwrap();
+    let done = collect(q, 1);
+    let data = &done[0].1;
+    assert_eq!(data.len(), 4096);
+    assert!(data[..2048].iter().all(|&b| b == 0xaa) && data[2048..].iter().all(|&b| b == 0xbb));
+}
+
+#[test]
+fn compare_write_zeroes_deallocate_and_flush() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    q.submit_write(&ns, 10, 4, 1, |s| s.fill(7)).unwrap();
+    collect(q, 1);
+    q.submit_compare(&ns, 10, 4, 2, |s| s.fill(7)).unwrap();
+    q.submit_compare(&ns, 10, 4, 3, |s| s.fill(8)).unwrap();
+    let done = collect(q, 2);
+    assert_eq!(done[0].0.result, Ok(()));
+    let status = done[1].0.result.clone().unwrap_err().status().unwrap();
+    assert_eq!(status.code, StatusCode::Media(MediaStatus::CompareFailure));
+    q.submit_write_zeroes(&ns, 10, 1, 4).unwrap();
+    q.submit_deallocate(&ns, &[(12, 1), (13, 1)], 5).unwrap();
+    q.submit_flush(1, 6).unwrap();
+    let done = collect(q, 3);
+    assert!(done.iter().all(|(c, _)| c.result.is_ok()), "{done:?}");
+    assert_eq!(
+        target.read_namespace(1, 10 * 512..14 * 512),
+        [vec![0; 512], vec![7; 512], vec![0; 1024]].concat()
+    );
+    let ops = target.stats().io_opcodes;
+    assert_eq!(
+        &ops[ops.len() - 3..],
+        &[
+            IoOpcode::WriteZeroes.raw(),
+            IoOpcode::DatasetManagement.raw(),
+            IoOpcode::Flush.raw()
+        ]
+    );
+}
+
+#[test]
+fn nvme_errors_come_back_typed_and_bad_arguments_never_reach_the_wire() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    target.fail_next_io(Status::generic(GenericStatus::LbaOutOfRange).with_dnr());
+    q.submit_read(&ns, 0, 1, 9).unwrap();
+    let done = collect(q, 1);
+    match &done[0].0.result {
+        Err(Error::Nvme {
+            command: "Read",
+            status,
+        }) => {
+            assert_eq!(
+                status.code,
+                StatusCode::Generic(GenericStatus::LbaOutOfRange)
+            );
+            assert!(status.dnr);
+        }
+        other => panic!("{other:?}"),
+    }
+    let before = target.stats().commands;
+    assert!(matches!(
+        q.submit_read(&ns, ns.blocks, 1, 1),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        q.submit_read(&ns, 0, 0, 1),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(target.stats().commands, before);
+}
+use nvmf_protocol::Status;
+
+#[test]
+fn late_duplicate_completion_for_a_reused_cid_is_dropped() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    target.duplicate_next_response();
+    q.submit_write(&ns, 0, 1, 1, |s| s.fill(1)).unwrap();
+    // The duplicate is queued behind the first answer; poll only the first.
+    let mut first = Vec::new();
+    q.poll(|c, _| first.push(c.token));
+    // Both CQEs came in one poll: the second found its CID free and was dropped.
+    assert_eq!(first, vec![1]);
+    assert_eq!(q.stats().stale_completions, 1);
+    q.submit_read(&ns, 0, 1, 2).unwrap();
+    let done = collect(q, 1);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].0.token, 2);
+    assert_eq!(done[0].1, vec![1; 512]);
+}
+
+#[test]
+fn connection_drop_mid_io_fails_every_request_once() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    target.drop_after(3);
+    let mut submitted = Vec::new();
+    let mut refused = 0;
+    for token in 0..8u64 {
+        match q.submit_read(&ns, token, 1, token) {
+            Ok(()) => submitted.push(token),
+            Err(Error::ConnectionLost(_)) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((submitted.len(), refused), (3, 5));
+    let done = collect(q, 3);
+    let mut tokens: Vec<_> = done.iter().map(|(c, _)| c.token).collect();
+    tokens.sort();
+    assert_eq!(
+        tokens, submitted,
+        "each in-flight request completes exactly once"
+    );
+    assert!(
+        done.iter()
+            .all(|(c, _)| matches!(c.result, Err(Error::ConnectionLost(_))))
+    );
+    assert_eq!(q.in_flight(), 0);
+    assert!(!q.is_connected());
+    assert_eq!(q.poll(|_, _| panic!("nothing more")), 0);
+    assert!(matches!(
+        c.poll(),
+        crate::controller::ControllerState::Failed(_)
+    ));
+}
+
+#[test]
+fn unanswered_command_times_out_and_fails_the_connection() {
+    let (target, mut c, clock) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    target.swallow_next(1);
+    q.submit_read(&ns, 0, 1, 5).unwrap();
+    assert_eq!(q.poll(|_, _| {}), 0);
+    clock.advance(Duration::from_secs(3));
+    let done = collect(q, 1);
+    assert_eq!(done.len(), 1);
+    match &done[0].0.result {
+        Err(Error::ConnectionLost(why)) => assert!(why.contains("timed out"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn queue_full_is_reported_not_blocked() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    target.swallow_next(u32::MAX);
+    for t in 0..q.depth() as u64 {
+        q.submit_read(&ns, 0, 1, t).unwrap();
+    }
+    assert_eq!(q.submit_read(&ns, 0, 1, 999), Err(Error::QueueFull));
+}
+
+#[test]
+fn out_of_order_completions_find_their_requests() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    for lba in 0..4u64 {
+        q.submit_write(&ns, lba, 1, lba, |s| s.fill(lba as u8 + 1))
+            .unwrap();
+    }
+    collect(q, 4);
+    target.reorder_responses(true);
+    for lba in 0..4u64 {
+        q.submit_read(&ns, lba, 1, 100 + lba).unwrap();
+    }
+    let done = collect(q, 4);
+    let tokens: Vec<u64> = done.iter().map(|(c, _)| c.token).collect();
+    assert_eq!(tokens, vec![103, 102, 101, 100]);
+    for (c, data) in &done {
+        assert_eq!(
+            data,
+            &vec![(c.token - 100) as u8 + 1; 512],
+            "token {}",
+            c.token
+        );
+    }
+}
+
+#[test]
+fn per_io_keys_open_one_window_per_command_and_a_replayed_key_is_refused() {
+    let config = LoopbackConfig {
+        memory_windows: true,
+        ..LoopbackConfig::default()
+    };
+    let (target, c, _) = attach(config, |o| {
+        o.per_io_keys = true;
+        o.in_capsule_data = false;
+    });
+    let mut c = c.unwrap();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    q.submit_write(&ns, 0, 2, 1, |s| s.fill(0x42)).unwrap();
+    q.submit_read(&ns, 0, 2, 2).unwrap();
+    let done = collect(q, 2);
+    assert!(done.iter().all(|(c, _)| c.result.is_ok()), "{done:?}");
+    assert_eq!(done[1].1, vec![0x42; 1024]);
+    assert_eq!(target.stats().window_transfers, 2);
+}
+
+#[test]
+fn a_window_key_works_once_and_only_over_its_range() {
+    use crate::queue::{HostQueue, QueueConnectParams, TransportAddress};
+    use nvmf_protocol::nvm::ReadCmd;
+    let config = LoopbackConfig {
+        memory_windows: true,
+        ..LoopbackConfig::default()
+    };
+    let (target, c, _) = attach(config, |_| {});
+    let c = c.unwrap();
+    // A raw I/O queue connected by hand, to replay an SQE.
+    let raw = crate::loopback::LoopbackFabric::new(target.clone());
+    let mut q = crate::queue::Fabric::connect(
+        &raw,
+        &QueueConnectParams {
+            address: TransportAddress::loopback(),
+            qid: 1,
+            hrqsize: 8,
+            hsqsize: 7,
+            cntlid: c.cntlid(),
+            data_region_len: 8192,
+            in_capsule_data: 1024,
+        },
+    )
+    .unwrap();
+    let mut connect_data = [0u8; 1024];
+    connect_data.copy_from_slice(
+        &nvmf_protocol::fabrics::ConnectData {
+            hostid: [7; 16],
+            cntlid: c.cntlid(),
+            subnqn: nvmf_protocol::FixedStr::new("nqn.2024-01.io.nvmf-rs:loopback", "s").unwrap(),
+            hostnqn: nvmf_protocol::FixedStr::new(
+                "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001",
+                "h",
+            )
+            .unwrap(),
+        }
+        .to_bytes(),
+    );
+    q.region_bytes_mut()[..1024].copy_from_slice(&connect_data);
+    let connect = nvmf_protocol::fabrics::ConnectCmd {
+        cid: 1,
+        recfmt: 0,
+        qid: 1,
+        sqsize: 7,
+        cattr: 0,
+        kato: 0,
+        sgl: SglDescriptor::DataBlockOffset {
+            offset: 0,
+            length: 1024,
+        },
+    }
+    .to_sqe();
+    q.submit(&connect, Some(0..1024)).unwrap();
+    let mut cqes = [nvmf_protocol::Cqe::success(0, 0, 0, 0); 4];
+    assert_eq!(q.poll(&mut cqes).unwrap(), 1);
+    assert!(cqes[0].status.is_success(), "{:?}", cqes[0].status);
+
+    let (address, key) = q.bind_window(512..1024).unwrap().unwrap();
+    let read = |cid, address, len| {
+        ReadCmd {
+            cid,
+            nsid: 1,
+            slba: 0,
+            nlb: 0,
+            control: RwControl::default(),
+            dsm: 0,
+            sgl: SglDescriptor::keyed(address, len, key, true).unwrap(),
+        }
+        .to_sqe()
+    };
+    // Past the window's end: refused even though the region is bigger.
+    q.submit(&read(2, address + 8, 512), None).unwrap();
+    let (address, key2) = q.bind_window(512..1024).unwrap().unwrap();
+    let _ = key;
+    let ok = ReadCmd {
+        cid: 3,
+        nsid: 1,
+        slba: 0,
+        nlb: 0,
+        control: RwControl::default(),
+        dsm: 0,
+        sgl: SglDescriptor::keyed(address, 512, key2, true).unwrap(),
+    }
+    .to_sqe();
+    q.submit(&ok, None).unwrap();
+    // The same key again: invalidated by the first use.
+    q.submit(&Sqe { cid: 4, ..ok }, None).unwrap();
+    assert_eq!(q.poll(&mut cqes).unwrap(), 3);
+    let generic_of = |c: &nvmf_protocol::Cqe| c.status.code;
+    assert_eq!(
+        generic_of(&cqes[0]),
+        StatusCode::Generic(GenericStatus::DataTransferError)
+    );
+    assert!(cqes[1].status.is_success());
+    assert_eq!(
+        generic_of(&cqes[2]),
+        StatusCode::Generic(GenericStatus::DataTransferError)
+    );
+}

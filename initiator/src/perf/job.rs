@@ -1,0 +1,252 @@
+//! One nvmf-perf job: a workload over its own LBA range of one namespace on one I/O queue,
+//! keeping its queue full, timing every I/O, and (with --verify) tagging every block written
+//! and checking every block read. Driven by whoever owns it: [`Job::step`] in a loop, or the
+//! reactor poller in [`super::runner`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::io::{IoKind, IoQueue, NsTarget};
+use crate::queue::HostQueue;
+
+use super::report::JobResult;
+use super::verify;
+use super::workload::{Generator, Op, Pattern};
+
+/// Largest number of I/O units one verifying job tracks (8 bytes each: 32 MiB).
+pub const VERIFY_MAX_UNITS: u64 = 1 << 22;
+
+/// Parameters shared by every job of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobSpec {
+    /// Access pattern.
+    pub pattern: Pattern,
+    /// Percent reads for the mixed patterns.
+    pub mix: u8,
+    /// Bytes per I/O (a multiple of the block size).
+    pub io_size: usize,
+    /// Commands in flight.
+    pub depth: usize,
+    /// Tag and check data.
+    pub verify: bool,
+}
+
+/// Live counters the progress line reads (updated once per step, not per I/O).
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// I/O completed.
+    pub ios: AtomicU64,
+    /// Bytes moved.
+    pub bytes: AtomicU64,
+}
+
+/// One job.
+pub struct Job<Q: HostQueue> {
+    queue: IoQueue<Q>,
+    ns: NsTarget,
+    first_lba: u64,
+    blocks_per_io: u32,
+    generator: Generator,
+    spec: JobSpec,
+    /// With --verify: the generation each unit holds (0 = unknown).
+    generations: Vec<u64>,
+    /// Units with I/O in flight and, for writes, the generation they carry (at most the
+    /// queue depth entries, so a linear scan is cheaper than a per-unit table on big disks).
+    in_flight: Vec<(u64, u64)>,
+    next_generation: u64,
+    stopping: bool,
+    result: JobResult,
+    progress: Arc<Progress>,
+}
+
+impl<Q: HostQueue> std::fmt::Debug for Job<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("nsid", &self.ns.nsid)
+            .field("first_lba", &self.first_lba)
+            .field("units", &self.generator.units())
+            .finish()
+    }
+}
+
+impl<Q: HostQueue> Job<Q> {
+    /// A job over blocks `first_lba .. first_lba + blocks` of `ns`.
+    pub fn new(
+        queue: IoQueue<Q>,
+        ns: NsTarget,
+        first_lba: u64,
+        blocks: u64,
+        spec: JobSpec,
+        seed: u64,
+        progress: Arc<Progress>,
+    ) -> crate::Result<Self> {
+        let bs = ns.block_size as usize;
+        if spec.io_size == 0 || spec.io_size % bs != 0 {
+            return Err(crate::Error::InvalidArgument(format!(
+                "I/O size {} is not a multiple of the block size {bs}",
+                spec.io_size
+            )));
+        }
+        if spec.io_size > queue.limits().max_transfer {
+            return Err(crate::Error::InvalidArgument(format!(
+                "I/O size {} exceeds the largest transfer {}",
+                spec.io_size,
+                queue.limits().max_transfer
+            )));
+        }
+        let blocks_per_io = (spec.io_size / bs) as u32;
+        let mut units = blocks / u64::from(blocks_per_io);
+        if spec.verify && units > VERIFY_MAX_UNITS {
+            tracing::info!(
+                units,
+                kept = VERIFY_MAX_UNITS,
+                "--verify: job range capped to bound its generation table"
+            );
+            units = VERIFY_MAX_UNITS;
+        }
+        if units == 0 {
+            return Err(crate::Error::InvalidArgument(format!(
+                "job range of {blocks} blocks is smaller than one I/O"
+            )));
+        }
+        let depth = spec.depth.min(queue.depth()).max(1);
+        Ok(Self {
+            generator: Generator::new(spec.pattern, spec.mix, units, seed),
+            generations: if spec.verify {
+                vec![0; units as usize]
+            } else {
+                Vec::new()
+            },
+            in_flight: Vec::with_capacity(depth),
+            result: JobResult::new(ns.nsid),
+            spec: JobSpec { depth, ..spec },
+            queue,
+            ns,
+            first_lba,
+            blocks_per_io,
+            next_generation: 0,
+            stopping: false,
+            progress,
+        })
+    }
+
+    /// Stop submitting; in-flight I/O still completes.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// True when stopped (or dead) and nothing is in flight.
+    pub fn is_drained(&self) -> bool {
+        (self.stopping || !self.queue.is_connected()) && self.queue.in_flight() == 0
+    }
+
+    /// Results so far.
+    pub fn result(&self) -> &JobResult {
+        &self.result
+    }
+
+    /// Give the results (and the queue) back.
+    pub fn finish(self) -> (JobResult, IoQueue<Q>) {
+        (self.result, self.queue)
+    }
+
+    /// Fill the queue, reap completions; returns the completions handled.
+    pub fn step(&mut self) -> usize {
+        if !self.stopping && self.queue.is_connected() {
+            self.submit_some();
+        }
+        let (before_ios, before_bytes) =
+            (self.result.reads + self.result.writes, self.result.bytes);
+        let bs = self.ns.block_size as usize;
+        let blocks_per_io = u64::from(self.blocks_per_io);
+        let Self {
+            queue,
+            result,
+            in_flight,
+            generations,
+            ns,
+            first_lba,
+            spec,
+            ..
+        } = self;
+        let n = queue.poll(|c, data| {
+            let unit = c.token >> 1;
+            let carried = match in_flight.iter().position(|&(u, _)| u == unit) {
+                Some(i) => in_flight.swap_remove(i).1,
+                None => 0,
+            };
+            let lba = *first_lba + unit * blocks_per_io;
+            let unit = unit as usize;
+            match c.result {
+                Ok(()) => {
+                    let read = c.kind == IoKind::Read;
+                    if read {
+                        if spec.verify {
+                            if let Err(m) = verify::check(data, bs, ns.nsid, lba, generations[unit])
+                            {
+                                result.record_mismatch(m);
+                            }
+                        }
+                    } else if spec.verify {
+                        generations[unit] = carried;
+                    }
+                    result.record(c.latency, spec.io_size as u64, read);
+                }
+                Err(e) => {
+                    if c.kind == IoKind::Write && spec.verify {
+                        // The write may or may not have landed: only the LBA is known now.
+                        generations[unit] = 0;
+                    }
+                    result.record_error(format!("{} LBA {lba}: {e}", c.kind.name()));
+                }
+            }
+        });
+        let ios = self.result.reads + self.result.writes - before_ios;
+        if ios > 0 {
+            self.progress.ios.fetch_add(ios, Ordering::Relaxed);
+            self.progress
+                .bytes
+                .fetch_add(self.result.bytes - before_bytes, Ordering::Relaxed);
+        }
+        n
+    }
+
+    fn submit_some(&mut self) {
+        let bs = self.ns.block_size as usize;
+        while self.queue.in_flight() < self.spec.depth {
+            let in_flight = &self.in_flight;
+            let Some((op, unit)) = self
+                .generator
+                .next(|u| in_flight.iter().any(|&(f, _)| f == u))
+            else {
+                return;
+            };
+            let lba = self.first_lba + unit * u64::from(self.blocks_per_io);
+            let token = unit << 1 | u64::from(op == Op::Write);
+            let mut generation = 0;
+            let submitted = match op {
+                Op::Read => self
+                    .queue
+                    .submit_read(&self.ns, lba, self.blocks_per_io, token),
+                Op::Write => {
+                    self.next_generation += 1;
+                    generation = self.next_generation;
+                    let verify = self.spec.verify;
+                    self.queue
+                        .submit_write(&self.ns, lba, self.blocks_per_io, token, |slot| {
+                            if verify {
+                                verify::fill(slot, bs, lba, generation);
+                            }
+                        })
+                }
+            };
+            match submitted {
+                Ok(()) => self.in_flight.push((unit, generation)),
+                Err(e) => {
+                    self.result.record_error(format!("submit LBA {lba}: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! nvmf-perf as a library: the workload ([`workload`]), the --verify block format
+//! ([`verify`]), one job on one I/O queue ([`job`]), the multi-reactor run ([`runner`]) and
+//! the report ([`report`]). The binary only parses flags and connects.
+
+pub mod job;
+pub mod report;
+pub mod runner;
+pub mod verify;
+pub mod workload;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,211 @@
+//! Runs nvmf-perf jobs on reactors (one per core, nvmf-poller): splits each namespace into
+//! per-qpair ranges, moves each job with its I/O queue to a reactor, keeps the controller's
+//! keep-alive going from the control thread, reports progress, stops, drains and collects.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use nvmf_poller::{Arm, PollStatus, Poller, PollerId, ReactorCtx, Runtime, RuntimeConfig, WakeFds};
+
+use crate::controller::Controller;
+use crate::error::{Error, Result};
+use crate::io::NsTarget;
+use crate::queue::{Fabric, HostQueue};
+
+use super::job::{Job, JobSpec, Progress};
+use super::report::{JobResult, Report, progress_line};
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunConfig {
+    /// Per-job parameters.
+    pub spec: JobSpec,
+    /// Run time.
+    pub duration: Duration,
+    /// Cores to run reactors on (one reactor each).
+    pub cores: Vec<usize>,
+    /// Pin reactors to their cores.
+    pub pin: bool,
+    /// I/O queues (jobs) per namespace.
+    pub qpairs_per_namespace: usize,
+    /// Random seed.
+    pub seed: u64,
+    /// Progress every this often (None = no progress callback).
+    pub progress_every: Option<Duration>,
+}
+
+/// Where each job runs: (namespace, first LBA, blocks). Each namespace is cut into
+/// `qpairs_per_namespace` equal ranges so jobs never touch each other's blocks.
+pub fn plan_jobs(
+    namespaces: &[NsTarget],
+    qpairs_per_namespace: usize,
+) -> Vec<(NsTarget, u64, u64)> {
+    let per = qpairs_per_namespace.max(1) as u64;
+    namespaces
+        .iter()
+        .flat_map(|ns| {
+            let share = ns.blocks / per;
+            (0..per).map(move |i| (*ns, i * share, share))
+        })
+        .collect()
+}
+
+/// The jobs of one reactor.
+struct JobPoller<Q: HostQueue> {
+    jobs: Vec<Job<Q>>,
+}
+
+impl<Q: HostQueue + 'static> Poller for JobPoller<Q> {
+    fn poll(&mut self, _ctx: &mut ReactorCtx) -> PollStatus {
+        PollStatus::from_count(self.jobs.iter_mut().map(Job::step).sum())
+    }
+    fn arm(&mut self, _fds: &mut WakeFds) -> Arm {
+        // Completions are only found by polling: never sleep while I/O is in flight.
+        if self.jobs.iter().all(Job::is_drained) {
+            Arm::Armed
+        } else {
+            Arm::WorkPending
+        }
+    }
+    fn stop(&mut self, _ctx: &mut ReactorCtx) -> bool {
+        for j in &mut self.jobs {
+            j.stop();
+            j.step();
+        }
+        self.jobs.iter().all(Job::is_drained)
+    }
+    fn name(&self) -> &str {
+        "nvmf-perf jobs"
+    }
+}
+
+fn poller_error(e: nvmf_poller::PollerError) -> Error {
+    Error::Target(format!("reactor: {e}"))
+}
+
+/// Run the workload on every active namespace of `controller`; `on_progress` gets the live
+/// line every `progress_every`.
+pub fn run<F: Fabric>(
+    controller: &mut Controller<F>,
+    cfg: &RunConfig,
+    mut on_progress: impl FnMut(&str),
+) -> Result<Report>
+where
+    F::Queue: 'static,
+{
+    let namespaces: Vec<NsTarget> = controller.namespaces().iter().map(|n| n.target()).collect();
+    if namespaces.is_empty() {
+        return Err(Error::Target(
+            "the controller has no active namespace".into(),
+        ));
+    }
+    let plan = plan_jobs(&namespaces, cfg.qpairs_per_namespace);
+    if controller.io_queue_count() < plan.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} jobs need {} I/O queues; the controller granted {}",
+            plan.len(),
+            plan.len(),
+            controller.io_queue_count()
+        )));
+    }
+    let progress = Arc::new(Progress::default());
+    let mut per_reactor: Vec<Vec<Job<F::Queue>>> =
+        (0..cfg.cores.len().max(1)).map(|_| Vec::new()).collect();
+    for (i, (ns, first, blocks)) in plan.into_iter().enumerate() {
+        let queue = controller.take_io_queue(i)?;
+        let seed = cfg
+            .seed
+            .wrapping_add(i as u64)
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let job = Job::new(queue, ns, first, blocks, cfg.spec, seed, progress.clone())?;
+        let slot = i % per_reactor.len();
+        per_reactor[slot].push(job);
+    }
+    let runtime = Runtime::start(
+        RuntimeConfig::new(cfg.cores.clone())
+            .pin(cfg.pin)
+            // Pure poll mode, like spdk_nvme_perf: the run is short and latency is the point.
+            .idle_after(Duration::MAX),
+    )
+    .map_err(poller_error)?;
+    let mut ids: Vec<(usize, PollerId)> = Vec::new();
+    let start = Instant::now();
+    for (r, jobs) in per_reactor.into_iter().enumerate() {
+        if jobs.is_empty() {
+            continue;
+        }
+        let handle = &runtime.reactors()[r];
+        let id = handle
+            .call(move |reactor| reactor.add_poller(Box::new(JobPoller { jobs })))
+            .map_err(poller_error)?;
+        ids.push((r, id));
+    }
+    let deadline = start + cfg.duration;
+    let mut last = (start, 0u64, 0u64);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(50)));
+        controller.poll();
+        if let Some(every) = cfg.progress_every {
+            let now = Instant::now();
+            if now - last.0 >= every {
+                let ios = progress.ios.load(Ordering::Relaxed);
+                let bytes = progress.bytes.load(Ordering::Relaxed);
+                on_progress(&progress_line(
+                    now - start,
+                    now - last.0,
+                    ios - last.1,
+                    bytes - last.2,
+                ));
+                last = (now, ios, bytes);
+            }
+        }
+    }
+    // Stop submitting everywhere first so the measured window ends for all at once.
+    for &(r, id) in &ids {
+        runtime.reactors()[r]
+            .call(move |reactor| {
+                if let Some(p) = reactor.poller_mut::<JobPoller<F::Queue>>(id) {
+                    p.jobs.iter_mut().for_each(Job::stop);
+                }
+            })
+            .map_err(poller_error)?;
+    }
+    let elapsed = start.elapsed();
+    let mut results: Vec<JobResult> = Vec::new();
+    for &(r, id) in &ids {
+        let handle = &runtime.reactors()[r];
+        let drain_deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let drained = handle
+                .call(move |reactor| {
+                    reactor
+                        .poller_mut::<JobPoller<F::Queue>>(id)
+                        .is_none_or(|p| p.jobs.iter().all(Job::is_drained))
+                })
+                .map_err(poller_error)?;
+            if drained {
+                break;
+            }
+            if Instant::now() >= drain_deadline {
+                return Err(Error::Timeout {
+                    what: "draining nvmf-perf jobs",
+                    after: Duration::from_secs(30),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let poller = handle
+            .call(move |reactor| reactor.take_poller::<JobPoller<F::Queue>>(id))
+            .map_err(poller_error)?;
+        if let Some(p) = poller {
+            results.extend(p.jobs.into_iter().map(|j| j.finish().0));
+        }
+    }
+    runtime.stop().map_err(poller_error)?;
+    Ok(Report::build(&results, elapsed))
+}

@@ -1,0 +1,142 @@
+//! The two binaries end to end against their in-process loopback target: flags parse, output
+//! has the documented shape, exit codes say what happened.
+
+use std::process::Command;
+
+fn run(bin: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(bin)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("spawn");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const PERF: &str = env!("CARGO_BIN_EXE_nvmf-perf");
+const NVMF: &str = env!("CARGO_BIN_EXE_nvmf");
+
+#[test]
+fn perf_verified_run_reports_json_per_namespace() {
+    let (code, out, err) = run(
+        PERF,
+        &[
+            "--transport",
+            "loopback",
+            "--loopback-namespaces",
+            "4M,2M",
+            "-q",
+            "8",
+            "-o",
+            "4k",
+            "-w",
+            "randrw",
+            "-M",
+            "70",
+            "-t",
+            "1",
+            "-c",
+            "0",
+            "--no-pin",
+            "--qpairs",
+            "2",
+            "--verify",
+            "--json",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON report");
+    assert_eq!(v["namespaces"].as_array().unwrap().len(), 2);
+    assert!(v["total"]["ios"].as_u64().unwrap() > 0);
+    assert_eq!(v["total"]["verify_failures"], 0);
+    // Not a terminal: no progress line mixed into the JSON.
+    assert!(!out.contains('\r'));
+}
+
+#[test]
+fn perf_refuses_bad_flags_and_unwired_transports() {
+    let (code, _, err) = run(PERF, &["--transport", "loopback", "-w", "sideways"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("unknown workload 'sideways'"), "{err}");
+    let (code, _, err) = run(PERF, &["--transport", "rdma", "-t", "1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not wired into the initiator yet"), "{err}");
+}
+
+#[test]
+fn nvmf_identify_list_and_discover() {
+    let (code, out, err) = run(NVMF, &["--transport", "loopback", "id-ctrl"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("NVME Identify Controller:\nvid       : 0x1b36\n"),
+        "{out}"
+    );
+    let (code, out, _) = run(
+        NVMF,
+        &["--transport", "loopback", "id-ns", "-N", "1", "--json"],
+    );
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["nsze"], 64 * 1024 * 1024 / 512);
+    let (code, out, _) = run(NVMF, &["--transport", "loopback", "discover"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("subnqn:  nqn.2024-01.io.nvmf-rs:loopback"),
+        "{out}"
+    );
+    let (code, _, err) = run(NVMF, &["--transport", "loopback", "id-ns", "-N", "9"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("namespace 9 is not active"), "{err}");
+}
+
+#[test]
+fn nvmf_read_writes_stdout_and_compare_sets_the_exit_code() {
+    let (code, out, _) = run(
+        NVMF,
+        &["--transport", "loopback", "read", "-s", "0", "-c", "2"],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(out.len(), 1024);
+    let dir = std::env::temp_dir().join(format!("nvmf-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let zeros = dir.join("zeros");
+    let ones = dir.join("ones");
+    std::fs::write(&zeros, [0u8; 512]).unwrap();
+    std::fs::write(&ones, [1u8; 512]).unwrap();
+    // A fresh loopback namespace is zeroed.
+    let (code, _, err) = run(
+        NVMF,
+        &[
+            "--transport",
+            "loopback",
+            "compare",
+            "-s",
+            "0",
+            "-c",
+            "1",
+            "-d",
+            zeros.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = run(
+        NVMF,
+        &[
+            "--transport",
+            "loopback",
+            "compare",
+            "-s",
+            "0",
+            "-c",
+            "1",
+            "-d",
+            ones.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("MISMATCH"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
