@@ -40,6 +40,7 @@ pub fn kind_of(op: &SendOp) -> WrKind {
         SendOp::RdmaRead { .. } => WrKind::Read,
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WrKind::Write,
         SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WrKind::Send,
+        SendOp::BindMw { .. } | SendOp::LocalInv { .. } => WrKind::KeyOp,
     }
 }
 

@@ -107,7 +107,9 @@ impl<R: Default> PollGroup<R> {
         }
         match id.kind {
             WrKind::Recv => self.on_recv(h, wc, id.index),
-            WrKind::Send | WrKind::Read | WrKind::Write => self.on_send_side(h, wc, id),
+            WrKind::Send | WrKind::Read | WrKind::Write | WrKind::KeyOp => {
+                self.on_send_side(h, wc, id)
+            }
             WrKind::DrainMarker => self.on_marker(h, wc, id),
         }
     }

@@ -32,6 +32,9 @@ pub enum WrKind {
     /// The zero-length SEND posted after ERR to learn when the send queue has flushed;
     /// index = qpair slab index.
     DrainMarker = 5,
+    /// Memory-key work of a request (bind a memory window, invalidate a key): the host's
+    /// per-I/O keys; index = request.
+    KeyOp = 6,
 }
 
 impl WrKind {
@@ -42,6 +45,7 @@ impl WrKind {
             3 => WrKind::Read,
             4 => WrKind::Write,
             5 => WrKind::DrainMarker,
+            6 => WrKind::KeyOp,
             _ => return None,
         })
     }
@@ -56,6 +60,7 @@ impl WrKind {
                 | (WrKind::Send | WrKind::DrainMarker, O::Send)
                 | (WrKind::Read, O::RdmaRead)
                 | (WrKind::Write, O::RdmaWrite)
+                | (WrKind::KeyOp, O::BindMw | O::LocalInv)
         )
     }
 }
@@ -122,6 +127,7 @@ mod tests {
             WrKind::Read,
             WrKind::Write,
             WrKind::DrainMarker,
+            WrKind::KeyOp,
         ] {
             for index in [0, 1, 4095, u32::MAX] {
                 for position in [0u8, 1, 16, 31] {

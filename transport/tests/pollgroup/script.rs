@@ -374,8 +374,9 @@ impl ScriptRig {
                     let i = ((w.wr_id >> 8) & 0xffff) as usize;
                     let slot = (w.wr_id & 0xff) as usize;
                     let at = self.qps.len() * 64 + (i * RING + slot) * 64;
-                    let seq =
-                        u32::from_le_bytes(self.mr.read_vec(at..at + 4).unwrap().try_into().unwrap());
+                    let seq = u32::from_le_bytes(
+                        self.mr.read_vec(at..at + 4).unwrap().try_into().unwrap(),
+                    );
                     self.answers[i].push(seq);
                 }
                 continue;
