@@ -11,10 +11,13 @@ trap 'kill -KILL $LOAD $PERF 2>/dev/null; nvme disconnect -n "$NQN" >/dev/null 2
 HOST_OPTS=(--ctrl-loss-tmo=10 --reconnect-delay=1)
 
 user_qps() { rdma res show qp | grep ' type RC ' | grep -c ' pid ' || true; }   # QPs of processes
-io_done() { awk '{print $1 + $5}' "/sys/block/${DEV##*/}/stat"; }          # reads + writes completed
+# reads + writes completed on the nvme disks; the paths (nvmeXcYnZ) count them, the 6.1 multipath head does not
+io_done() { cat /sys/block/nvme*/stat 2>/dev/null | awk '{ n += $1 + $5 } END { print n + 0 }'; }
 io_started() { alive "$LOAD" || return 2; [ "$(io_done)" -gt "$1" ]; }
 start_load() {   # fio random read/write on the Linux host until stopped; returns once I/O flows
-  local before; before=$(io_done)
+  local before
+  [ -b "$DEV" ] || { echo "no block device ($DEV)"; return 1; }
+  before=$(io_done)
   fio --name=load --filename="$DEV" --rw=randrw --bs=4k --iodepth=32 --ioengine=libaio --direct=1 \
       --time_based --runtime=300 > "$LOGS/fio-load-$1.log" 2>&1 & LOAD=$!
   wait_for 60 io_started $((before + 500)) || { echo "fio did no I/O"; cat "$LOGS/fio-load-$1.log"; return 1; }
