@@ -1,5 +1,5 @@
 //! Live tests against a real verbs device (Soft-RoCE in the QEMU lab guest:
-//! tests/lab/guest-verbs-provider.sh). Each one is `#[ignore]`d, so the build host reports it
+//! scripts/interop.sh verbs). Each one is `#[ignore]`d, so the build host reports it
 //! as skipped; the lab runs them with `--include-ignored`, and there a missing device fails. The address the device serves comes from
 //! `NVMF_LAB_IP` (default 10.10.0.1, the guest's).
 
@@ -22,7 +22,7 @@ fn lab_ip() -> Ipv4Addr {
 /// Why every live test is ignored outside the lab.
 macro_rules! needs_device {
     () => {
-        "needs an RDMA device: run in the QEMU lab (tests/lab/guest-verbs-provider.sh)"
+        "needs an RDMA device: run in the QEMU lab (scripts/interop.sh verbs)"
     };
 }
 

@@ -165,5 +165,5 @@ conformance!(conformance_soft_tcp, Flavor::SoftTcp);
 conformance!(
     conformance_verbs,
     Flavor::Verbs,
-    #[ignore = "needs an RDMA device: run in the QEMU lab (tests/lab/guest-conformance.sh)"]
+    #[ignore = "needs an RDMA device: run in the QEMU lab (scripts/interop.sh verbs)"]
 );

@@ -2,7 +2,7 @@
 //! qpairs, orphaned receives re-posted and counted, drains with and without
 //! LAST_WQE_REACHED leaking nothing, and a host that overruns its queue depth disconnected
 //! alone. `cargo test --workspace orphan` runs the orphan cases; the verbs cases run on rxe in
-//! the QEMU lab (tests/lab/guest-pollgroup.sh) and skip elsewhere.
+//! the QEMU lab (scripts/interop.sh verbs) and are ignored (reported as skipped) elsewhere.
 
 mod chains;
 #[path = "../conformance/fixture.rs"]
@@ -342,5 +342,5 @@ pollgroup_suite!(pollgroup_soft_tcp, Flavor::SoftTcp);
 pollgroup_suite!(
     pollgroup_verbs,
     Flavor::Verbs,
-    #[ignore = "needs an RDMA device: run in the QEMU lab (tests/lab/guest-transport.sh)"]
+    #[ignore = "needs an RDMA device: run in the QEMU lab (scripts/interop.sh verbs)"]
 );

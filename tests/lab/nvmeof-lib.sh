@@ -1,0 +1,148 @@
+# NVMe-oF in the lab guest (sourced by suite-kernel-*.sh and suite-faults.sh after suite-lib.sh):
+# the lab subsystem served by either target (the kernel's nvmet-rdma through configfs, or
+# nvmf-tgt with tests/lab/nvmf-tgt.toml), and the Linux host's checks against whichever serves it.
+# Both targets serve the same thing, so the same checks prove both: subsystem $NQN, namespace 1 of
+# 256 MiB in 512 B blocks, hosts allowed by NQN, RDMA at $IP:4420.
+NQN=nqn.2024-01.io.nvmf-rs:lab
+PORT=4420
+NS_BYTES=$((256 << 20)) NS_BLOCK=512
+# Fixed host identities; each NQN gets its own host ID (the Linux host refuses one ID under two NQNs).
+HOST_NQN=nqn.2024-01.io.nvmf-rs:lab-host        HOST_ID=6c61622d-0000-4000-8000-000000000001
+PERF_NQN=nqn.2024-01.io.nvmf-rs:lab-perf        # nvmf-perf's, in the faults suite
+INTRUDER_NQN=nqn.2024-01.io.nvmf-rs:lab-intruder INTRUDER_ID=6c61622d-0000-4000-8000-000000000002
+LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CFS=/sys/kernel/config/nvmet
+
+# ---- target 1: the Linux kernel (nvmet-rdma), backed by a memory null_blk ----
+# nvmet_up allowlist|any: $NQN on /dev/nullb0 with only $HOST_NQN (and $PERF_NQN) allowed, or any host.
+nvmet_up() {
+  modprobe null_blk nr_devices=0 && modprobe nvmet-rdma || return
+  local nb=/sys/kernel/config/nullb/nullb0 s=$CFS/subsystems/$NQN h
+  mkdir "$nb" && echo 256 > "$nb/size" && echo $NS_BLOCK > "$nb/blocksize" &&
+    echo 1 > "$nb/memory_backed" && echo 1 > "$nb/power" || return
+  udevadm settle 2>/dev/null; wait_for 10 test -b /dev/nullb0 || return
+  mkdir "$s" || return
+  if [ "$1" = any ]; then echo 1 > "$s/attr_allow_any_host"; else
+    echo 0 > "$s/attr_allow_any_host"
+    for h in "$HOST_NQN" "$PERF_NQN"; do
+      mkdir -p "$CFS/hosts/$h" && ln -s "$CFS/hosts/$h" "$s/allowed_hosts/$h" || return
+    done
+  fi
+  mkdir "$s/namespaces/1" && echo -n /dev/nullb0 > "$s/namespaces/1/device_path" &&
+    echo 1 > "$s/namespaces/1/enable" || return
+  mkdir "$CFS/ports/1" && echo rdma > "$CFS/ports/1/addr_trtype" && echo ipv4 > "$CFS/ports/1/addr_adrfam" &&
+    echo "$IP" > "$CFS/ports/1/addr_traddr" && echo $PORT > "$CFS/ports/1/addr_trsvcid" &&
+    ln -s "$s" "$CFS/ports/1/subsystems/$NQN" || return
+  wait_for 10 listening "$IP:$PORT"
+}
+nvmet_down() {   # undo nvmet_up (whatever part of it happened)
+  local s=$CFS/subsystems/$NQN h
+  rm -f "$CFS/ports/1/subsystems/$NQN"; rmdir "$CFS/ports/1" 2>/dev/null
+  [ -d "$s" ] && { echo 0 > "$s/namespaces/1/enable"; rmdir "$s/namespaces/1"; }
+  for h in "$HOST_NQN" "$PERF_NQN"; do rm -f "$s/allowed_hosts/$h"; rmdir "$CFS/hosts/$h" 2>/dev/null; done
+  rmdir "$s" 2>/dev/null
+  rmdir /sys/kernel/config/nullb/nullb0 2>/dev/null
+  [ ! -e "$s" ] && [ ! -e /dev/nullb0 ]
+}
+
+# ---- target 2: nvmf-tgt ($TGT_BIN) with the lab config ----
+tgt_up() {   # starts nvmf-tgt in the background ($TGT), waits until it listens
+  "$TGT_BIN" --config "$LAB/nvmf-tgt.toml" > "$LOGS/nvmf-tgt.log" 2>&1 & TGT=$!
+  wait_for 60 tgt_listening || { echo "nvmf-tgt is not listening on $IP:$PORT:"; cat "$LOGS/nvmf-tgt.log"; return 1; }
+}
+tgt_listening() {   # fails at once (2) when the daemon has exited
+  alive "$TGT" || { echo "nvmf-tgt exited"; return 2; }
+  listening "$IP:$PORT"
+}
+tgt_down() {   # SIGTERM: the daemon must drain and exit 0 within 30 s
+  local rc
+  kill -TERM "$TGT" || return
+  wait_for 30 gone "$TGT" || { echo "nvmf-tgt still running 30 s after SIGTERM"; kill -KILL "$TGT"; return 1; }
+  wait "$TGT"; rc=$?
+  echo "nvmf-tgt exited $rc"; tail -5 "$LOGS/nvmf-tgt.log"
+  [ $rc -eq 0 ]
+}
+
+# ---- the Linux host (nvme-cli, nvme-rdma) ----
+connect() {   # connect NQN ID [nvme connect args...]
+  local nqn=$1 id=$2; shift 2
+  modprobe nvme-rdma || return
+  timeout 60 nvme connect -t rdma -a "$IP" -s $PORT -n "$NQN" --hostnqn="$nqn" --hostid="$id" --nr-io-queues=2 "$@"
+}
+ctrl_of() {   # the /dev/nvmeN controller connected to $NQN as host $1
+  local c
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && [ "$(cat "$c/hostnqn" 2>/dev/null)" = "$1" ] &&
+      { echo "/dev/${c##*/}"; return 0; }
+  done
+  return 1
+}
+host_connect() {   # connects $HOST_NQN; sets CTRL and DEV (the namespace's block device)
+  CTRL= DEV=
+  connect "$HOST_NQN" "$HOST_ID" "$@" || return
+  CTRL=$(ctrl_of "$HOST_NQN") || { echo "connected, but no controller for $NQN"; return 1; }
+  wait_for 20 eval 'DEV=$(nvme_dev) && [ -b "$DEV" ]' || { echo "no block device for $NQN"; return 1; }
+  echo "controller $CTRL, namespace $DEV"
+}
+host_disconnect() {   # disconnects every controller of $NQN; they and their block device vanish
+  timeout 60 nvme disconnect -n "$NQN" | tee /dev/stderr | grep -q "disconnected [1-9]" || return
+  wait_for 20 no_ctrl || { echo "a controller of $NQN is still there"; return 1; }
+  [ -z "$DEV" ] || [ ! -b "$DEV" ] || { echo "$DEV still exists"; return 1; }
+}
+no_ctrl() { ! grep -qsx "$NQN" /sys/class/nvme/*/subsysnqn; }
+discover() {   # the discovery log holds an entry for $NQN at rdma $IP:$PORT
+  modprobe nvme-rdma || return   # nvme-cli needs /sys/class/nvme* (nvme_core) to exist
+  timeout 60 nvme discover -t rdma -a "$IP" -s $PORT --hostnqn="$HOST_NQN" --hostid="$HOST_ID" -o json \
+    > "$LOGS/discover.json" || return
+  cat "$LOGS/discover.json"
+  jq -e --arg nqn "$NQN" --arg ip "$IP" --arg port $PORT '[.records[] | select(.subnqn == $nqn
+    and .trtype == "rdma" and .traddr == $ip and (.trsvcid | tostring) == $port)] | length == 1' \
+    "$LOGS/discover.json"
+}
+identify() {   # the controller's subsystem NQN and the namespace's geometry are what was configured
+  local subnqn nsze ds bytes
+  subnqn=$(nvme id-ctrl "$CTRL" -o json | jq -r .subnqn) || return
+  nsze=$(nvme id-ns "$DEV" -o json | jq -r .nsze) || return
+  ds=$(nvme id-ns "$DEV" -o json | jq -r '.lbafs[.flbas % 16].ds') || return
+  bytes=$(blockdev --getsize64 "$DEV") || return
+  echo "subnqn=$subnqn nsze=$nsze lba=$((1 << ds)) B block device=$bytes B"
+  [ "$subnqn" = "$NQN" ] && [ $((1 << ds)) -eq $NS_BLOCK ] && [ $((nsze * NS_BLOCK)) -eq $NS_BYTES ] &&
+    [ "$bytes" -eq $NS_BYTES ]
+}
+fio_verify() {   # fio_verify DEV: written data reads back intact (random 4 KiB at QD 32, sequential 128 KiB)
+  timeout 600 fio --ioengine=libaio --direct=1 --filename="$1" --verify=crc32c --verify_fatal=1 \
+    --name=rand4k --rw=randwrite --bs=4k --iodepth=32 --offset=0 --size=32M \
+    --name=seq128k --rw=write --bs=128k --iodepth=8 --offset=64M --size=64M
+}
+fs_roundtrip() {   # ext4 on the namespace: a file written, unmounted, mounted again reads back the same
+  local m=/tmp/lab-mnt a b
+  mkdir -p $m && mkfs.ext4 -q -F "$DEV" && mount "$DEV" $m || return
+  head -c $((8 << 20)) /dev/urandom > $m/data && a=$(sha256sum < $m/data) && umount $m || return
+  echo 3 > /proc/sys/vm/drop_caches
+  mount "$DEV" $m && b=$(sha256sum < $m/data) && umount $m || return
+  echo "written $a"; echo "read    $b"; [ "$a" = "$b" ]
+}
+refused() {   # a host not on the allow-list: refused by the target (Connect Invalid Host), no controller
+  local mark; mark="lab: intruder $(date +%s%N)"; echo "$mark" > /dev/kmsg
+  connect "$INTRUDER_NQN" "$INTRUDER_ID" && { echo "connect succeeded for $INTRUDER_NQN"; return 1; }
+  ! ctrl_of "$INTRUDER_NQN" || { echo "a controller exists for $INTRUDER_NQN"; return 1; }
+  dmesg | sed -n "/$mark/,\$p" | tee /dev/stderr | grep -q "is not allowed, hostnqn: $INTRUDER_NQN"
+}
+no_connections_left() {   # no RC QP on rxe0 and no connected CM id: the listener only
+  wait_for 30 no_rc_qps || { rdma res show qp; return 1; }
+  ! rdma res show cm_id | grep -v 'state LISTEN' | grep -q . || { rdma res show cm_id; return 1; }
+}
+
+# The Linux host against whichever target serves $NQN now (nvmet_up allowlist, or tgt_up).
+kernel_host_checks() {
+  local who=$1
+  check "nvme discover: $who reports $NQN over rdma at $IP:$PORT" discover
+  check "nvme connect as $HOST_NQN to $who" host_connect
+  check "nvme id-ctrl / id-ns: subnqn $NQN, 256 MiB in 512 B blocks" identify
+  check "fio write + crc32c verify (4 KiB random QD32, 128 KiB sequential)" fio_verify "$DEV"
+  check "mkfs.ext4 + mount: a file reads back intact after remount" fs_roundtrip
+  check "nvme disconnect: controller and block device gone" host_disconnect
+  check "no qpair left after disconnect (rdma res)" no_connections_left
+  check "allow-list: $INTRUDER_NQN refused with Connect Invalid Host" refused
+  check "no qpair left after the refusal" no_connections_left
+}

@@ -1,0 +1,33 @@
+#!/bin/bash
+# Suite `kernel-target` (guest): nvmf-rs's host side against the Linux kernel's target
+# (nvmet-rdma) over rxe0: nvmf discover and identify, then nvmf-perf with --verify on 4 qpairs;
+# afterwards no qpair is left on either side.
+SUITE=kernel-target
+. "$(dirname "$0")/guest-lib.sh"
+. "$(dirname "$0")/suite-lib.sh"
+. "$(dirname "$0")/nvmeof-lib.sh"
+trap 'nvmet_down' EXIT
+
+nvmf_discover() {
+  timeout 60 "$NVMF_BIN" discover -a "$IP" -s $PORT | tee "$LOGS/nvmf-discover.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q "$NQN" "$LOGS/nvmf-discover.log"
+}
+nvmf_identify() {
+  timeout 60 "$NVMF_BIN" identify -a "$IP" -s $PORT -n "$NQN" | tee "$LOGS/nvmf-identify.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q "$NQN" "$LOGS/nvmf-identify.log"
+}
+perf_verify() {
+  timeout 120 "$PERF_BIN" -a "$IP" -s $PORT -n "$NQN" -q 32 -o 4096 -w randrw -t 30 --qpairs 4 --verify
+}
+
+check "nvmet-rdma serves $NQN (null_blk 256 MiB, 512 B, any host) on $IP:$PORT" nvmet_up any
+[ -x "$NVMF_BIN" ] || { echo "nvmf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf binary"; }
+check "nvmf discover lists $NQN" nvmf_discover
+check "nvmf identify $NQN" nvmf_identify
+SKIP_REASON=
+[ -x "$PERF_BIN" ] || { echo "nvmf-perf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf-perf binary"; }
+check "nvmf-perf randrw 4 KiB QD32, 4 qpairs, 30 s, --verify" perf_verify
+SKIP_REASON=
+check "no qpair left on rxe0 (rdma res)" no_connections_left
+check "nvmet configuration removed" nvmet_down
+finish
