@@ -141,6 +141,30 @@ impl PollGroupConfig {
             .saturating_add(self.max_qpairs)
     }
 
+    /// Caps `max_requests` so that `cq_depth()` fits a device's `max_cqe` (rxe: 32767), the
+    /// way a CQ that cannot grow must be sized: fewer requests in flight at once (capsules
+    /// beyond them wait on their qpair for a request object) instead of a CQ that can
+    /// overrun. Returns the `max_requests` asked for when it had to cap; an error when not
+    /// even the receives, the drain markers and one request's chain fit.
+    pub fn fit_cq(&mut self, max_cqe: u32) -> Result<Option<u32>> {
+        if self.cq_depth() <= max_cqe {
+            return Ok(None);
+        }
+        let fixed = self.srq_depth.saturating_add(self.max_qpairs);
+        let room = max_cqe.saturating_sub(fixed);
+        let fitting = room / MAX_CHAIN_WRS as u32;
+        if fitting == 0 {
+            return Err(TransportError::Limit {
+                what: "poll group CQ (srq_depth + max_qpairs + one request's chain)",
+                asked: fixed as u64 + MAX_CHAIN_WRS as u64,
+                max: max_cqe as u64,
+            });
+        }
+        let asked = self.max_requests;
+        self.max_requests = fitting;
+        Ok(Some(asked))
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |what: &str| {
             Err(TransportError::InvalidArgument(format!(
@@ -250,20 +274,21 @@ impl<R> PollGroup<R> {
     fn build(
         ctx: &Context,
         pd: &Pd,
-        cfg: PollGroupConfig,
+        mut cfg: PollGroupConfig,
         role: Role,
         recv_mode: RecvMode,
     ) -> Result<PollGroup<R>> {
         cfg.validate()?;
         let attr = ctx.query_device()?;
-        let cq_depth = cfg.cq_depth();
-        if cq_depth > attr.max_cqe {
-            return Err(TransportError::Limit {
-                what: "poll group CQ",
-                asked: cq_depth as u64,
-                max: attr.max_cqe as u64,
-            });
+        if let Some(asked) = cfg.fit_cq(attr.max_cqe)? {
+            tracing::info!(
+                asked,
+                granted = cfg.max_requests,
+                max_cqe = attr.max_cqe,
+                "request objects capped so the poll group's CQ fits the device"
+            );
         }
+        let cq_depth = cfg.cq_depth();
         let channel = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(cq_depth, Some(&channel))?;
         let per_qpair = matches!(recv_mode, RecvMode::PerQpair { .. });
@@ -494,5 +519,35 @@ impl<R> PollGroup<R> {
                 self.dirty.push(qref.index);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_group_is_capped_to_fit_an_rxe_cq() {
+        let mut cfg = PollGroupConfig::default();
+        assert!(
+            cfg.cq_depth() > 32767,
+            "the default needs more than rxe's max_cqe"
+        );
+        assert_eq!(cfg.fit_cq(32767).unwrap(), Some(4096));
+        assert!(cfg.cq_depth() <= 32767);
+        assert!(cfg.max_requests >= cfg.max_queue_depth);
+        // Already fitting: untouched.
+        let before = cfg.max_requests;
+        assert_eq!(cfg.fit_cq(32767).unwrap(), None);
+        assert_eq!(cfg.max_requests, before);
+    }
+
+    #[test]
+    fn a_cq_too_small_for_receives_and_markers_is_an_error() {
+        let mut cfg = PollGroupConfig::default();
+        let fixed = cfg.srq_depth + cfg.max_qpairs;
+        assert!(cfg.fit_cq(fixed).is_err());
+        assert!(cfg.fit_cq(fixed + MAX_CHAIN_WRS as u32).is_ok());
+        assert_eq!(cfg.max_requests, 1);
     }
 }
