@@ -9,11 +9,11 @@ SUITE=kernel-target
 trap 'nvmet_down' EXIT
 
 nvmf_discover() {
-  timeout 60 "$NVMF_BIN" discover -a "$IP" -s $PORT | tee "$LOGS/nvmf-discover.log"
+  timeout 60 "$NVMF_BIN" -a "$IP" -s $PORT discover | tee "$LOGS/nvmf-discover.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q "$NQN" "$LOGS/nvmf-discover.log"
 }
 nvmf_identify() {
-  timeout 60 "$NVMF_BIN" identify -a "$IP" -s $PORT -n "$NQN" | tee "$LOGS/nvmf-identify.log"
+  timeout 60 "$NVMF_BIN" -a "$IP" -s $PORT -n "$NQN" id-ctrl | tee "$LOGS/nvmf-identify.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q "$NQN" "$LOGS/nvmf-identify.log"
 }
 perf_verify() {
@@ -23,7 +23,7 @@ perf_verify() {
 check "nvmet-rdma serves $NQN (null_blk 256 MiB, 512 B, any host) on $IP:$PORT" nvmet_up any
 [ -x "$NVMF_BIN" ] || { echo "nvmf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf binary"; }
 check "nvmf discover lists $NQN" nvmf_discover
-check "nvmf identify $NQN" nvmf_identify
+check "nvmf id-ctrl $NQN" nvmf_identify
 SKIP_REASON=
 [ -x "$PERF_BIN" ] || { echo "nvmf-perf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf-perf binary"; }
 check "nvmf-perf randrw 4 KiB QD32, 4 qpairs, 30 s, --verify" perf_verify
