@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nvmf_protocol::sqe::{AdminOpcode, SQE_SIZE};
 use nvmf_protocol::{Cqe, Sqe};
@@ -26,7 +26,7 @@ use slab::Slab;
 use crate::bdev::IoBuf;
 use crate::nvme::status::INTERNAL_ERROR;
 use crate::nvme::xfer::{self, Keyed, Placement};
-use crate::nvme::{Direction, Exec, Queue, ReactorIo, Target};
+use crate::nvme::{Direction, Exec, Queue, QueueState, ReactorIo, Target};
 
 use super::command::{Command, CommandState};
 use super::sges;
@@ -35,6 +35,10 @@ use super::sges;
 const RESPONSE_SIZE: usize = 16;
 /// Polls between looks at the slow things: AER events, torn-down controllers.
 const SLOW_EVERY: u64 = 256;
+/// After answering a Disconnect command, how long the host has to tear the connection down
+/// itself before the target does: dropping it at once can overtake the response on fabrics
+/// whose connection manager is not ordered with the data path (the soft TCP fabric).
+const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
 
 /// The NVMe side of one qpair.
 struct QueueSlot {
@@ -45,6 +49,8 @@ struct QueueSlot {
     gone: bool,
     /// Asked for a disconnect already.
     disconnecting: bool,
+    /// The host sent Disconnect: the target disconnects at this time if the host has not.
+    disconnect_at: Option<Instant>,
 }
 
 /// One group's handler. See the module documentation.
@@ -114,6 +120,7 @@ impl NvmeHandler {
                 in_flight: 0,
                 gone: false,
                 disconnecting: false,
+                disconnect_at: None,
             },
         );
         if self.pending.capacity() == 0 {
@@ -434,13 +441,23 @@ impl NvmeHandler {
         }
     }
 
-    fn check_disconnect(&mut self, qp_num: u32) {
-        if let Some(slot) = self.queues.get_mut(&qp_num) {
-            if !slot.gone && !slot.disconnecting && slot.queue.should_disconnect() {
-                slot.disconnecting = true;
-                self.disconnects.push(qp_num);
+    /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
+    /// down, after [`DISCONNECT_GRACE`] when the host sent Disconnect.
+    fn check_disconnect(&mut self, qp_num: u32, now: Instant) {
+        let Some(slot) = self.queues.get_mut(&qp_num) else {
+            return;
+        };
+        if slot.gone || slot.disconnecting || !slot.queue.should_disconnect() {
+            return;
+        }
+        if matches!(slot.queue.state(), QueueState::Closed) {
+            let at = *slot.disconnect_at.get_or_insert(now + DISCONNECT_GRACE);
+            if now < at {
+                return;
             }
         }
+        slot.disconnecting = true;
+        self.disconnects.push(qp_num);
     }
 }
 
@@ -473,7 +490,7 @@ impl Handler<Command> for NvmeHandler {
             tracing::debug!(qp_num, ?last, ?status, "a request's chain failed");
         }
         Self::finish(pg, req);
-        self.check_disconnect(qp_num);
+        self.check_disconnect(qp_num, Instant::now());
     }
 
     fn qpair_event(
@@ -540,8 +557,9 @@ impl Handler<Command> for NvmeHandler {
                 .filter(|(_, s)| !s.gone && !s.disconnecting && s.queue.should_disconnect())
                 .map(|(&q, _)| q)
                 .collect();
+            let now = Instant::now();
             for q in doomed {
-                self.check_disconnect(q);
+                self.check_disconnect(q, now);
             }
         }
         for (tag, cqe) in done.drain(..) {
@@ -552,7 +570,13 @@ impl Handler<Command> for NvmeHandler {
     }
 
     fn busy(&self) -> bool {
+        // A Disconnect grace period is timed by polling (rare, and short).
         self.io.in_flight() > 0
+            || !self.disconnects.is_empty()
+            || self
+                .queues
+                .values()
+                .any(|s| s.disconnect_at.is_some() && !s.disconnecting && !s.gone)
     }
 
     fn take_disconnect(&mut self) -> Option<u32> {

@@ -1,0 +1,338 @@
+//! End to end: the NVMe target's request path over the RDMA transport, on both soft fabrics
+//! and several reactors, driven by a raw host built from the protocol crate and the transport.
+//! Connect (its data by keyed SGL, RDMA READ by the target), properties, Identify, Set
+//! Features, an I/O queue, Write by keyed SGL and in capsule, Read back by keyed SGL (RDMA
+//! WRITE by the target) with the data verified, Flush, an LBA out of range, Disconnect, and a
+//! wrong rkey (the target's READ fails: the qpair drains and nothing leaks).
+
+mod host;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use host::{HostQueue, wait_until};
+use nvmf_poller::{Runtime, RuntimeConfig};
+use nvmf_protocol::fabrics::{
+    CNTLID_DYNAMIC, ConnectCmd, ConnectData, DisconnectCmd, PropertyGetCmd, PropertySetCmd,
+    PropertySize,
+};
+use nvmf_protocol::identify::IdentifyController;
+use nvmf_protocol::properties::{Cc, Csts, PropertyOffset};
+use nvmf_protocol::status::GenericStatus;
+use nvmf_protocol::{FixedStr, SglDescriptor, Sqe, StatusCode};
+use nvmf_target::bdev::MallocBdev;
+use nvmf_target::nvme::{Limits, Namespace, Subsystem, Target};
+use nvmf_target::rdma::{DeviceListen, PollGroupConfig, RdmaConfig, RdmaTransport};
+use nvmf_target::transport_glue::{Command, NvmeHandler};
+use nvmf_transport::{Context, DeviceSpec, SoftConfig, SoftFabric};
+
+const SUBNQN: &str = "nqn.2016-06.io.nvmf-rs:e2e";
+const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:2b4c8d1e-0f3a-4e5b-9c6d-7e8f9a0b1c2d";
+const BLOCK: u32 = 512;
+const BLOCKS: u64 = 2048;
+const REACTORS: usize = 2;
+const BUFFERS: u32 = 128;
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+struct Rig {
+    rt: Option<Runtime>,
+    tr: Option<RdmaTransport<Command, NvmeHandler>>,
+    addr: SocketAddr,
+    _ctx: Context,
+}
+
+impl Rig {
+    fn new(fabric: SoftFabric) -> Rig {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let ip = Ipv4Addr::new(
+            127,
+            0,
+            3,
+            2 + (n % 250) as u8 + 20 * (fabric == SoftFabric::Tcp) as u8,
+        );
+        let addr = SocketAddr::from((ip, 4420));
+        let mut t = Target::new(Limits::default(), vec![addr]);
+        let bdev = Arc::new(MallocBdev::new("m0", BLOCK, BLOCKS * u64::from(BLOCK)).unwrap());
+        let index = t.add_bdev("m0", bdev.clone());
+        let sub = Arc::new(Subsystem::new(
+            SUBNQN,
+            "SN-E2E",
+            "nvmf-rs e2e",
+            true,
+            vec![],
+            4,
+            vec![addr],
+        ));
+        sub.add_namespace(Namespace {
+            nsid: 1,
+            bdev_index: index,
+            info: nvmf_target::bdev::Bdev::info(&*bdev).clone(),
+            bdev,
+            uuid: None,
+            nguid: None,
+        })
+        .unwrap();
+        t.add_subsystem(sub);
+        let target = Arc::new(t);
+        let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+            name: format!("e2e{}-{n}", std::process::id()),
+            fabric,
+            ip,
+            ..SoftConfig::default()
+        }))
+        .expect("soft device");
+        let rt = Runtime::start(RuntimeConfig {
+            cores: (0..REACTORS).collect(),
+            pin: false,
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
+        let mut cfg = RdmaConfig::new(vec![DeviceListen {
+            ctx: ctx.clone(),
+            listen: vec![addr],
+        }]);
+        cfg.group = PollGroupConfig {
+            srq_depth: 128,
+            max_qpairs: 8,
+            max_queue_depth: 32,
+            in_capsule_data_size: 4096,
+            io_unit_size: 4096,
+            data_buffers: BUFFERS,
+            max_requests: 128,
+            ..PollGroupConfig::default()
+        };
+        let tr = RdmaTransport::start(rt.reactors(), cfg, |_| {
+            NvmeHandler::new(
+                target.clone(),
+                nvmf_target::nvme::ReactorIo::new(target.clone()),
+            )
+        })
+        .expect("transport");
+        Rig {
+            rt: Some(rt),
+            tr: Some(tr),
+            addr,
+            _ctx: ctx,
+        }
+    }
+
+    /// Sum over the groups of (requests in use, free buffers, NVMe queues).
+    fn usage(&self) -> (usize, u32, usize) {
+        let tr = self.tr.as_ref().unwrap();
+        let mut total = (0, 0, 0);
+        for r in 0..REACTORS {
+            let (a, b, c) = tr
+                .with_group(0, r, |g| {
+                    (
+                        g.poll_group().requests_in_use(),
+                        g.poll_group().buffers_free(),
+                        g.handler().queue_count(),
+                    )
+                })
+                .unwrap()
+                .unwrap();
+            total.0 += a;
+            total.1 += b;
+            total.2 += c;
+        }
+        total
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(tr) = self.tr.take() {
+            let _ = tr.stop(Duration::from_secs(10));
+        }
+        if let Some(rt) = self.rt.take() {
+            let _ = rt.stop();
+        }
+    }
+}
+
+fn connect_sqe(host: &HostQueue, qid: u16, sqsize: u16) -> Sqe {
+    ConnectCmd {
+        cid: 0,
+        recfmt: 0,
+        qid,
+        sqsize,
+        cattr: 0,
+        kato: 0,
+        sgl: host.keyed(0, 1024),
+    }
+    .to_sqe()
+}
+
+fn connect(host: &mut HostQueue, qid: u16, cntlid: u16) -> u16 {
+    let data = ConnectData {
+        hostid: [7; 16],
+        cntlid,
+        subnqn: FixedStr::new(SUBNQN, "SUBNQN").unwrap(),
+        hostnqn: FixedStr::new(HOSTNQN, "HOSTNQN").unwrap(),
+    }
+    .to_bytes();
+    host.write_data(0, &data);
+    let c = host
+        .exec(connect_sqe(host, qid, 31), &[])
+        .expect("connect answered");
+    assert!(c.status.is_success(), "connect qid {qid}: {c:?}");
+    c.dw0 as u16
+}
+
+fn rw(opcode: u8, lba: u64, blocks: u32, sgl: SglDescriptor) -> Sqe {
+    let mut s = Sqe::new(opcode, 0, 1);
+    s.cdw10 = lba as u32;
+    s.cdw11 = (lba >> 32) as u32;
+    s.cdw12 = blocks - 1;
+    s.set_sgl1(sgl);
+    s
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+fn full_session(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+
+    // CC.EN, then CSTS.RDY.
+    let cc = Cc {
+        en: true,
+        iosqes: 6,
+        iocqes: 4,
+        ..Cc::default()
+    };
+    let set = PropertySetCmd {
+        cid: 0,
+        size: PropertySize::Four,
+        offset: PropertyOffset::Cc,
+        value: u64::from(cc.to_u32()),
+    };
+    assert!(admin.exec(set.to_sqe(), &[]).unwrap().status.is_success());
+    let get = PropertyGetCmd {
+        cid: 0,
+        size: PropertySize::Four,
+        offset: PropertyOffset::Csts,
+    };
+    let c = admin.exec(get.to_sqe(), &[]).unwrap();
+    assert!(Csts::from_u32(c.dw0).rdy, "{c:?}");
+
+    // Identify Controller: 4 KiB written by the target into the host's memory.
+    admin.write_data(0, &[0xEE; 4096]);
+    let mut identify = Sqe::new(0x06, 0, 0);
+    identify.cdw10 = 1;
+    identify.set_sgl1(admin.keyed(0, 4096));
+    assert!(admin.exec(identify, &[]).unwrap().status.is_success());
+    let id = IdentifyController::decode(&admin.read_data(0, 4096)).unwrap();
+    assert_eq!(id.cntlid, cntlid);
+
+    // Number of Queues: 2 I/O queues.
+    let mut features = Sqe::new(0x09, 0, 0);
+    features.cdw10 = 0x07;
+    features.cdw11 = 1 | (1 << 16);
+    assert!(admin.exec(features, &[]).unwrap().status.is_success());
+
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    assert_eq!(connect(&mut io, 1, cntlid), cntlid);
+
+    // Write 4 KiB by keyed SGL (the target READs it), 4 KiB in the capsule.
+    let a = pattern(0xA5, 4096);
+    let b = pattern(0x3C, 4096);
+    io.write_data(0, &a);
+    let c = io.exec(rw(0x01, 0, 8, io.keyed(0, 4096)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    let in_capsule = SglDescriptor::DataBlockOffset {
+        offset: 0,
+        length: 4096,
+    };
+    let c = io.exec(rw(0x01, 8, 8, in_capsule), &b).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    assert_eq!(c.sqid, 1);
+
+    // Read both back (the target WRITEs 8 KiB then SENDs).
+    io.write_data(16384, &[0; 8192]);
+    let c = io
+        .exec(rw(0x02, 0, 16, io.keyed(16384, 8192)), &[])
+        .unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    let back = io.read_data(16384, 8192);
+    assert!(back[..4096] == a[..], "keyed write read back");
+    assert!(back[4096..] == b[..], "in-capsule write read back");
+
+    // Flush.
+    assert!(
+        io.exec(Sqe::new(0x00, 0, 1), &[])
+            .unwrap()
+            .status
+            .is_success()
+    );
+
+    // Past the end: status, no data moved.
+    io.write_data(32768, &[0x77; 512]);
+    let c = io
+        .exec(rw(0x02, BLOCKS, 1, io.keyed(32768, 512)), &[])
+        .unwrap();
+    assert!(
+        matches!(
+            c.status.code,
+            StatusCode::Generic(GenericStatus::LbaOutOfRange)
+        ),
+        "{c:?}"
+    );
+    assert_eq!(io.read_data(32768, 512), vec![0x77; 512]);
+
+    // Malformed SGL: a bit bucket. Status, the queue keeps working.
+    let c = io
+        .exec(
+            rw(0x01, 0, 1, SglDescriptor::BitBucket { length: 512 }),
+            &[],
+        )
+        .unwrap();
+    assert!(
+        matches!(
+            c.status.code,
+            StatusCode::Generic(GenericStatus::SglDescriptorTypeInvalid)
+        ),
+        "{c:?}"
+    );
+
+    // Disconnect the I/O queue: answered, then the target drops the qpair.
+    let d = DisconnectCmd { cid: 0, recfmt: 0 };
+    assert!(io.exec(d.to_sqe(), &[]).unwrap().status.is_success());
+    io.wait_disconnected();
+
+    // A wrong rkey on a new I/O queue: the target's READ fails, the qpair drains.
+    let mut bad = HostQueue::connect(rig.addr, 2, 32);
+    connect(&mut bad, 2, cntlid);
+    let wrong = bad.rkey() ^ 0x5a5a_0000;
+    assert!(
+        bad.exec(rw(0x01, 0, 8, bad.keyed_with(0, 4096, wrong)), &[])
+            .is_none(),
+        "a write from a wrong rkey must not be answered"
+    );
+    // The data on the namespace is untouched.
+    drop(bad);
+
+    drop(admin);
+    // Nothing leaks: every request object, buffer and NVMe queue goes back.
+    wait_until("every qpair gone and its resources back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
+#[test]
+fn session_inproc() {
+    full_session(SoftFabric::InProcess);
+}
+
+#[test]
+fn session_tcp() {
+    full_session(SoftFabric::Tcp);
+}
