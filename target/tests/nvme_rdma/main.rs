@@ -5,6 +5,7 @@
 //! WRITE by the target) with the data verified, Flush, an LBA out of range, Disconnect, and a
 //! wrong rkey (the target's READ fails: the qpair drains and nothing leaks).
 
+mod daemon;
 mod host;
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -28,7 +29,7 @@ use nvmf_target::rdma::{DeviceListen, PollGroupConfig, RdmaConfig, RdmaTransport
 use nvmf_target::transport_glue::{Command, NvmeHandler};
 use nvmf_transport::{Context, DeviceSpec, SoftConfig, SoftFabric};
 
-const SUBNQN: &str = "nqn.2016-06.io.nvmf-rs:e2e";
+pub(crate) const SUBNQN: &str = "nqn.2016-06.io.nvmf-rs:e2e";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:2b4c8d1e-0f3a-4e5b-9c6d-7e8f9a0b1c2d";
 const BLOCK: u32 = 512;
 const BLOCKS: u64 = 2048;
@@ -166,7 +167,7 @@ fn connect_sqe(host: &HostQueue, qid: u16, sqsize: u16) -> Sqe {
     .to_sqe()
 }
 
-fn connect(host: &mut HostQueue, qid: u16, cntlid: u16) -> u16 {
+pub(crate) fn connect(host: &mut HostQueue, qid: u16, cntlid: u16) -> u16 {
     let data = ConnectData {
         hostid: [7; 16],
         cntlid,
@@ -182,27 +183,8 @@ fn connect(host: &mut HostQueue, qid: u16, cntlid: u16) -> u16 {
     c.dw0 as u16
 }
 
-fn rw(opcode: u8, lba: u64, blocks: u32, sgl: SglDescriptor) -> Sqe {
-    let mut s = Sqe::new(opcode, 0, 1);
-    s.cdw10 = lba as u32;
-    s.cdw11 = (lba >> 32) as u32;
-    s.cdw12 = blocks - 1;
-    s.set_sgl1(sgl);
-    s
-}
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
-
-fn full_session(fabric: SoftFabric) {
-    let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-
-    // CC.EN, then CSTS.RDY.
+/// Sets CC.EN and checks CSTS.RDY.
+pub(crate) fn enable(admin: &mut HostQueue) {
     let cc = Cc {
         en: true,
         iosqes: 6,
@@ -223,6 +205,30 @@ fn full_session(fabric: SoftFabric) {
     };
     let c = admin.exec(get.to_sqe(), &[]).unwrap();
     assert!(Csts::from_u32(c.dw0).rdy, "{c:?}");
+}
+
+pub(crate) fn rw(opcode: u8, lba: u64, blocks: u32, sgl: SglDescriptor) -> Sqe {
+    let mut s = Sqe::new(opcode, 0, 1);
+    s.cdw10 = lba as u32;
+    s.cdw11 = (lba >> 32) as u32;
+    s.cdw12 = blocks - 1;
+    s.set_sgl1(sgl);
+    s
+}
+
+pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+fn full_session(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+
+    // CC.EN, then CSTS.RDY.
+    enable(&mut admin);
 
     // Identify Controller: 4 KiB written by the target into the host's memory.
     admin.write_data(0, &[0xEE; 4096]);
