@@ -12,6 +12,18 @@ use nvmf_transport::{Context, DeviceSpec, SoftConfig, SoftFabric};
 use super::host::{HostQueue, wait_until};
 use super::{SUBNQN, connect, enable, pattern, rw};
 
+/// Kills the daemon if the test fails before stopping it (no orphan process).
+struct Daemon(std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -37,12 +49,15 @@ fn nvmf_tgt_serves_read_write_over_tcp() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nvmf-tgt"))
-        .arg("--config")
-        .arg(&config)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut daemon = Daemon(
+        Command::new(env!("CARGO_BIN_EXE_nvmf-tgt"))
+            .arg("--config")
+            .arg(&config)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let child = &mut daemon.0;
     wait_until("the daemon listening", || TcpStream::connect(addr).is_ok());
     // The host's own soft device (TCP fabric) on another loopback address.
     let _host_device = Context::open(&DeviceSpec::Soft(SoftConfig {
