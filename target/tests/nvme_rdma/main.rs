@@ -239,10 +239,10 @@ fn full_session(fabric: SoftFabric) {
     let id = IdentifyController::decode(&admin.read_data(0, 4096)).unwrap();
     assert_eq!(id.cntlid, cntlid);
 
-    // Number of Queues: 2 I/O queues.
+    // Number of Queues: 3 I/O queues.
     let mut features = Sqe::new(0x09, 0, 0);
     features.cdw10 = 0x07;
-    features.cdw11 = 1 | (1 << 16);
+    features.cdw11 = 2 | (2 << 16);
     assert!(admin.exec(features, &[]).unwrap().status.is_success());
 
     let mut io = HostQueue::connect(rig.addr, 1, 32);
@@ -319,12 +319,26 @@ fn full_session(fabric: SoftFabric) {
     connect(&mut bad, 2, cntlid);
     let wrong = bad.rkey() ^ 0x5a5a_0000;
     assert!(
-        bad.exec(rw(0x01, 0, 8, bad.keyed_with(0, 4096, wrong)), &[])
+        bad.exec(rw(0x01, 64, 8, bad.keyed_with(0, 4096, wrong)), &[])
             .is_none(),
         "a write from a wrong rkey must not be answered"
     );
-    // The data on the namespace is untouched.
+    bad.wait_disconnected();
     drop(bad);
+    // Nothing was written: the blocks are still zero (read on a fresh I/O queue).
+    let mut check = HostQueue::connect(rig.addr, 3, 32);
+    connect(&mut check, 3, cntlid);
+    check.write_data(0, &[0xFF; 4096]);
+    let c = check
+        .exec(rw(0x02, 64, 8, check.keyed(0, 4096)), &[])
+        .unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    assert_eq!(
+        check.read_data(0, 4096),
+        vec![0; 4096],
+        "the failed write moved no data"
+    );
+    drop(check);
 
     drop(admin);
     // Nothing leaks: every request object, buffer and NVMe queue goes back.
