@@ -20,9 +20,10 @@ use nvmf_protocol::fabrics::{
     PropertySize,
 };
 use nvmf_protocol::identify::IdentifyController;
+use nvmf_protocol::log::DiscoveryLog;
 use nvmf_protocol::properties::{Cc, Csts, PropertyOffset};
 use nvmf_protocol::status::GenericStatus;
-use nvmf_protocol::{FixedStr, SglDescriptor, Sqe, StatusCode};
+use nvmf_protocol::{DISCOVERY_NQN, FixedStr, SglDescriptor, Sqe, StatusCode};
 use nvmf_target::bdev::MallocBdev;
 use nvmf_target::nvme::{Limits, Namespace, Subsystem, Target};
 use nvmf_target::rdma::{DeviceListen, PollGroupConfig, RdmaConfig, RdmaTransport};
@@ -168,10 +169,14 @@ fn connect_sqe(host: &HostQueue, qid: u16, sqsize: u16) -> Sqe {
 }
 
 pub(crate) fn connect(host: &mut HostQueue, qid: u16, cntlid: u16) -> u16 {
+    connect_to(host, qid, cntlid, SUBNQN)
+}
+
+fn connect_to(host: &mut HostQueue, qid: u16, cntlid: u16, subnqn: &str) -> u16 {
     let data = ConnectData {
         hostid: [7; 16],
         cntlid,
-        subnqn: FixedStr::new(SUBNQN, "SUBNQN").unwrap(),
+        subnqn: FixedStr::new(subnqn, "SUBNQN").unwrap(),
         hostnqn: FixedStr::new(HOSTNQN, "HOSTNQN").unwrap(),
     }
     .to_bytes();
@@ -214,6 +219,11 @@ pub(crate) fn rw(opcode: u8, lba: u64, blocks: u32, sgl: SglDescriptor) -> Sqe {
     s.cdw12 = blocks - 1;
     s.set_sgl1(sgl);
     s
+}
+
+/// The bytes of a descriptor list carried in the capsule.
+fn descriptors(list: &[SglDescriptor]) -> Vec<u8> {
+    list.iter().flat_map(|d| d.to_bytes()).collect()
 }
 
 pub(crate) fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -280,6 +290,35 @@ fn full_session(fabric: SoftFabric) {
             .is_success()
     );
 
+    // Multi-descriptor SGLs (a Last Segment list in the capsule): a write from 6 KiB + 2 KiB
+    // (one RDMA READ each, the first over two io units), read back into 2 + 4 + 2 KiB.
+    let c = pattern(0x81, 8192);
+    io.write_data(65536, &c[..6144]);
+    io.write_data(98304, &c[6144..]);
+    let list = descriptors(&[io.keyed(65536, 6144), io.keyed(98304, 2048)]);
+    let segment = SglDescriptor::LastSegmentOffset {
+        offset: 0,
+        length: list.len() as u32,
+    };
+    let r = io.exec(rw(0x01, 128, 16, segment), &list).unwrap();
+    assert!(r.status.is_success(), "{r:?}");
+    io.write_data(131072, &[0; 12288]);
+    let list = descriptors(&[
+        io.keyed(131072, 2048),
+        io.keyed(135168, 4096),
+        io.keyed(143360, 2048),
+    ]);
+    let segment = SglDescriptor::LastSegmentOffset {
+        offset: 0,
+        length: list.len() as u32,
+    };
+    let r = io.exec(rw(0x02, 128, 16, segment), &list).unwrap();
+    assert!(r.status.is_success(), "{r:?}");
+    let mut back = io.read_data(131072, 2048);
+    back.extend(io.read_data(135168, 4096));
+    back.extend(io.read_data(143360, 2048));
+    assert!(back == c, "multi-descriptor write read back");
+
     // Past the end: status, no data moved.
     io.write_data(32768, &[0x77; 512]);
     let c = io
@@ -345,6 +384,36 @@ fn full_session(fabric: SoftFabric) {
     wait_until("every qpair gone and its resources back", || {
         rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
     });
+}
+
+/// The discovery subsystem answers on the listener: Connect, CC.EN, and the discovery log
+/// (by RDMA WRITE) lists the subsystem.
+fn discovery(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    connect_to(&mut admin, 0, CNTLID_DYNAMIC, DISCOVERY_NQN);
+    enable(&mut admin);
+    let mut log = Sqe::new(0x02, 0, 0);
+    let numd = 4096u32 / 4 - 1;
+    log.cdw10 = 0x70 | (numd << 16);
+    log.set_sgl1(admin.keyed(0, 4096));
+    let c = admin.exec(log, &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    let page = DiscoveryLog::decode(&admin.read_data(0, 4096)).unwrap();
+    assert!(
+        page.entries.iter().any(|e| e.subnqn.as_str() == SUBNQN),
+        "{page:?}"
+    );
+}
+
+#[test]
+fn discovery_inproc() {
+    discovery(SoftFabric::InProcess);
+}
+
+#[test]
+fn discovery_tcp() {
+    discovery(SoftFabric::Tcp);
 }
 
 #[test]
