@@ -34,7 +34,11 @@ pub struct HostQueue {
     ch: CmChannel,
     _id: CmId,
     _ctx: Context,
-    _pd: Pd,
+    pd: Pd,
+    /// Memory windows bound for invalidation tests (kept alive).
+    windows: Vec<Mw>,
+    /// The rkey the target invalidated with its last response (SEND_WITH_INV).
+    pub last_invalidated: Option<u32>,
     cq: Cq,
     qp: Qp,
     mr: Mr,
@@ -69,7 +73,8 @@ impl HostQueue {
                 },
             )
             .expect("host QP");
-        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let access =
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE | Access::MW_BIND;
         let mr = pd.alloc_mr(REGION, access).unwrap();
         let private_data = RdmaConnectRequest {
             recfmt: 0,
@@ -99,7 +104,9 @@ impl HostQueue {
             ch,
             _id: id,
             _ctx: ctx,
-            _pd: pd,
+            pd,
+            windows: Vec::new(),
+            last_invalidated: None,
             cq,
             qp,
             mr,
@@ -117,6 +124,39 @@ impl HostQueue {
     pub fn keyed_with(&self, offset: usize, len: u32, key: u32) -> SglDescriptor {
         let addr = self.mr.addr() + (DATA_AT + offset) as u64;
         SglDescriptor::keyed(addr, len, key, false).unwrap()
+    }
+
+    /// Binds a memory window over `len` bytes at `offset` of the data area (posted on this
+    /// QP and waited for); returns a keyed SGL through it asking for invalidation.
+    pub fn window(&mut self, offset: usize, len: u32) -> SglDescriptor {
+        let mut mw = self.pd.alloc_mw().expect("memory window");
+        let access = Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let op = mw
+            .bind(&self.mr, DATA_AT + offset, len as usize, access)
+            .expect("bind");
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 3,
+                op,
+                sges: &[],
+                flags: SendFlags::SIGNALED,
+            }])
+            .expect("post bind");
+        let mut wcs = [WorkCompletion::default(); 4];
+        let deadline = Instant::now() + patience();
+        loop {
+            let n = self.cq.poll(&mut wcs).unwrap();
+            if let Some(w) = wcs[..n].iter().find(|w| w.wr_id == 3) {
+                assert_eq!(w.status, WcStatus::Success, "bind");
+                break;
+            }
+            assert!(Instant::now() < deadline, "no bind completion");
+            std::thread::yield_now();
+        }
+        let rkey = mw.rkey();
+        self.windows.push(mw);
+        let addr = self.mr.addr() + (DATA_AT + offset) as u64;
+        SglDescriptor::keyed(addr, len, rkey, true).unwrap()
     }
 
     pub fn rkey(&self) -> u32 {
@@ -168,7 +208,10 @@ impl HostQueue {
             for w in &wcs[..n] {
                 match w.wr_id {
                     1 => sent = Some(w.status),
-                    _ => answered = Some(w.status),
+                    _ => {
+                        answered = Some(w.status);
+                        self.last_invalidated = w.invalidated_rkey;
+                    }
                 }
                 if w.status != WcStatus::Success {
                     self.broken = true;
