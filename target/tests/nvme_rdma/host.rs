@@ -32,7 +32,7 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 pub struct HostQueue {
     ch: CmChannel,
-    _id: CmId,
+    id: CmId,
     _ctx: Context,
     pd: Pd,
     /// Memory windows bound for invalidation tests (kept alive).
@@ -102,7 +102,7 @@ impl HostQueue {
         }
         HostQueue {
             ch,
-            _id: id,
+            id,
             _ctx: ctx,
             pd,
             windows: Vec::new(),
@@ -171,6 +171,40 @@ impl HostQueue {
         self.mr
             .read_vec(DATA_AT + offset..DATA_AT + offset + len)
             .unwrap()
+    }
+
+    /// Sends `sqe` (a response receive posted) without waiting for anything.
+    pub fn send_only(&mut self, mut sqe: Sqe) {
+        sqe.cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        self.mr.write_at(CAPSULE_AT, &sqe.to_bytes()).unwrap();
+        let recv = self.mr.sge(RESPONSE_AT, 16);
+        let send = self.mr.sge(CAPSULE_AT, 64);
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: 2,
+                sges: &[recv],
+            }])
+            .unwrap();
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 1,
+                op: SendOp::Send,
+                sges: &[send],
+                flags: SendFlags::SIGNALED,
+            }])
+            .unwrap();
+    }
+
+    /// Polls the host CQ once (drives the soft TCP fabric on this side).
+    pub fn poll_once(&mut self) {
+        let mut wcs = [WorkCompletion::default(); 8];
+        let _ = self.cq.poll(&mut wcs);
+    }
+
+    /// Tears the connection down from the host side.
+    pub fn disconnect(&mut self) {
+        self.id.disconnect().expect("disconnect");
     }
 
     /// Runs `sqe` (its CID set here) with `in_capsule` data after it; the response, or None

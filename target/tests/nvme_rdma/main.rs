@@ -6,13 +6,15 @@
 //! wrong rkey (the target's READ fails: the qpair drains and nothing leaks).
 
 mod daemon;
+mod gate;
 mod host;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
+use gate::GateBdev;
 use host::{HostQueue, wait_until};
 use nvmf_poller::{Runtime, RuntimeConfig};
 use nvmf_protocol::fabrics::{
@@ -40,6 +42,8 @@ const BUFFERS: u32 = 128;
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 struct Rig {
+    /// Namespace 2's I/O completes only while this is true.
+    gate: Arc<AtomicBool>,
     rt: Option<Runtime>,
     tr: Option<RdmaTransport<Command, NvmeHandler>>,
     addr: SocketAddr,
@@ -73,6 +77,18 @@ impl Rig {
             bdev_index: index,
             info: nvmf_target::bdev::Bdev::info(&*bdev).clone(),
             bdev,
+            uuid: None,
+            nguid: None,
+        })
+        .unwrap();
+        let gate = Arc::new(AtomicBool::new(true));
+        let gated = Arc::new(GateBdev::new("gate", BLOCKS, gate.clone()));
+        let index = t.add_bdev("gate", gated.clone());
+        sub.add_namespace(Namespace {
+            nsid: 2,
+            bdev_index: index,
+            info: nvmf_target::bdev::Bdev::info(&*gated).clone(),
+            bdev: gated,
             uuid: None,
             nguid: None,
         })
@@ -114,6 +130,7 @@ impl Rig {
         })
         .expect("transport");
         Rig {
+            gate,
             rt: Some(rt),
             tr: Some(tr),
             addr,
@@ -123,22 +140,33 @@ impl Rig {
 
     /// Sum over the groups of (requests in use, free buffers, NVMe queues).
     fn usage(&self) -> (usize, u32, usize) {
+        let u = self.usage_full();
+        (u.0, u.1, u.2)
+    }
+
+    /// Sum over the groups of (requests in use, free buffers, NVMe queues, pending
+    /// completions, qpairs).
+    fn usage_full(&self) -> (usize, u32, usize, usize, usize) {
         let tr = self.tr.as_ref().unwrap();
-        let mut total = (0, 0, 0);
+        let mut total = (0, 0, 0, 0, 0);
         for r in 0..REACTORS {
-            let (a, b, c) = tr
+            let u = tr
                 .with_group(0, r, |g| {
                     (
                         g.poll_group().requests_in_use(),
                         g.poll_group().buffers_free(),
                         g.handler().queue_count(),
+                        g.handler().pending_count(),
+                        g.poll_group().qpair_count(),
                     )
                 })
                 .unwrap()
                 .unwrap();
-            total.0 += a;
-            total.1 += b;
-            total.2 += c;
+            total.0 += u.0;
+            total.1 += u.1;
+            total.2 += u.2;
+            total.3 += u.3;
+            total.4 += u.4;
         }
         total
     }
@@ -423,6 +451,51 @@ fn discovery(fabric: SoftFabric) {
         page.entries.iter().any(|e| e.subnqn.as_str() == SUBNQN),
         "{page:?}"
     );
+}
+
+/// The host drops its I/O qpair while a write's block I/O is in flight: the request keeps its
+/// buffers and the NVMe queue stays until the block device completes, then everything goes
+/// back.
+fn abort_in_flight(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io, 1, cntlid);
+    rig.gate.store(false, Ordering::Release);
+    let mut write = rw(0x01, 0, 16, io.keyed(0, 8192));
+    write.nsid = 2;
+    io.send_only(write);
+    wait_until("the write's block I/O in flight", || {
+        io.poll_once();
+        rig.usage_full().3 == 1
+    });
+    io.disconnect();
+    // The qpair goes; the request (and its two 4 KiB buffers) and the queue stay.
+    wait_until("the I/O qpair gone, its write still held", || {
+        let (reqs, free, queues, pending, qpairs) = rig.usage_full();
+        qpairs == 1 && reqs == 1 && pending == 1 && queues == 2 && free == BUFFERS * 2 - 2
+    });
+    rig.gate.store(true, Ordering::Release);
+    wait_until("the write finished and its queue dropped", || {
+        rig.usage_full() == (0, BUFFERS * REACTORS as u32, 1, 0, 1)
+    });
+    drop(io);
+    drop(admin);
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
+#[test]
+fn abort_in_flight_inproc() {
+    abort_in_flight(SoftFabric::InProcess);
+}
+
+#[test]
+fn abort_in_flight_tcp() {
+    abort_in_flight(SoftFabric::Tcp);
 }
 
 #[test]
