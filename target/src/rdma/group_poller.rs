@@ -190,6 +190,14 @@ impl<R: Default, H: Handler<R>> GroupPoller<R, H> {
         self.with_parts(|pg, h| pg.handle_async_event(h, kind));
     }
 
+    /// The handler's slow work, on the reactor's timer (see `TICK`).
+    pub(crate) fn tick(&mut self) {
+        self.handler.tick(&mut self.pg);
+        while let Some(qp_num) = self.handler.take_disconnect() {
+            self.disconnect(qp_num);
+        }
+    }
+
     /// Starts draining every qpair of the group (no-op for those already draining).
     pub fn disconnect_all(&mut self) {
         let all: Vec<u32> = self.pg.qpair_nums().collect();

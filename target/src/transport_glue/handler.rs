@@ -33,8 +33,6 @@ use super::sges;
 
 /// Bytes of one response (a CQE) in the response region.
 const RESPONSE_SIZE: usize = 16;
-/// Polls between looks at the slow things: AER events, torn-down controllers.
-const SLOW_EVERY: u64 = 256;
 /// After answering a Disconnect command, how long the host has to tear the connection down
 /// itself before the target does: dropping it at once can overtake the response on fabrics
 /// whose connection manager is not ordered with the data path (the soft TCP fabric).
@@ -66,7 +64,6 @@ pub struct NvmeHandler {
     disconnects: Vec<u32>,
     /// Completions reaped in one poll (capacity kept).
     completions: Vec<(u64, Cqe)>,
-    polls: u64,
 }
 
 impl NvmeHandler {
@@ -80,7 +77,6 @@ impl NvmeHandler {
             responses: None,
             disconnects: Vec::new(),
             completions: Vec::new(),
-            polls: 0,
         }
     }
 
@@ -537,30 +533,10 @@ impl Handler<Command> for NvmeHandler {
     }
 
     fn poll_side(&mut self, pg: &mut PollGroup<Command>) -> usize {
-        self.polls = self.polls.wrapping_add(1);
         let mut done = std::mem::take(&mut self.completions);
         let mut n = 0;
         if self.io.in_flight() > 0 {
             n += self.io.poll(&mut |tag, cqe| done.push((tag, cqe)));
-        }
-        if self.polls % SLOW_EVERY == 0 {
-            for slot in self.queues.values_mut() {
-                if slot.queue.qid() == Some(0) && !slot.gone {
-                    n += slot
-                        .queue
-                        .poll_events(&mut |tag, cqe| done.push((tag, cqe)));
-                }
-            }
-            let doomed: Vec<u32> = self
-                .queues
-                .iter()
-                .filter(|(_, s)| !s.gone && !s.disconnecting && s.queue.should_disconnect())
-                .map(|(&q, _)| q)
-                .collect();
-            let now = Instant::now();
-            for q in doomed {
-                self.check_disconnect(q, now);
-            }
         }
         for (tag, cqe) in done.drain(..) {
             self.complete(pg, tag, cqe);
@@ -569,14 +545,34 @@ impl Handler<Command> for NvmeHandler {
         n
     }
 
+    fn tick(&mut self, pg: &mut PollGroup<Command>) {
+        let mut done = std::mem::take(&mut self.completions);
+        // Asynchronous Event Requests answered by an event.
+        for slot in self.queues.values_mut() {
+            if slot.queue.qid() == Some(0) && !slot.gone {
+                slot.queue
+                    .poll_events(&mut |tag, cqe| done.push((tag, cqe)));
+            }
+        }
+        // Controllers torn down (keep-alive expiry, admin queue gone) and Disconnect graces.
+        let doomed: Vec<u32> = self
+            .queues
+            .iter()
+            .filter(|(_, s)| !s.gone && !s.disconnecting && s.queue.should_disconnect())
+            .map(|(&q, _)| q)
+            .collect();
+        let now = Instant::now();
+        for q in doomed {
+            self.check_disconnect(q, now);
+        }
+        for (tag, cqe) in done.drain(..) {
+            self.complete(pg, tag, cqe);
+        }
+        self.completions = done;
+    }
+
     fn busy(&self) -> bool {
-        // A Disconnect grace period is timed by polling (rare, and short).
-        self.io.in_flight() > 0
-            || !self.disconnects.is_empty()
-            || self
-                .queues
-                .values()
-                .any(|s| s.disconnect_at.is_some() && !s.disconnecting && !s.gone)
+        self.io.in_flight() > 0 || !self.disconnects.is_empty()
     }
 
     fn take_disconnect(&mut self) -> Option<u32> {

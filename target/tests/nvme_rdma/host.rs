@@ -202,6 +202,24 @@ impl HostQueue {
         let _ = self.cq.poll(&mut wcs);
     }
 
+    /// Waits for the response to a command sent by `send_only`.
+    pub fn wait_response(&mut self) -> Cqe {
+        let mut wcs = [WorkCompletion::default(); 8];
+        let deadline = Instant::now() + patience();
+        loop {
+            let n = self.cq.poll(&mut wcs).unwrap();
+            if let Some(w) = wcs[..n].iter().find(|w| w.wr_id == 2) {
+                assert_eq!(w.status, WcStatus::Success, "response receive");
+                break;
+            }
+            assert!(Instant::now() < deadline, "no response");
+            std::thread::yield_now();
+        }
+        let mut response = [0u8; 16];
+        self.mr.read_at(RESPONSE_AT, &mut response).unwrap();
+        Cqe::decode(&response).unwrap()
+    }
+
     /// Tears the connection down from the host side.
     pub fn disconnect(&mut self) {
         self.id.disconnect().expect("disconnect");

@@ -42,6 +42,7 @@ const BUFFERS: u32 = 128;
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
 struct Rig {
+    target: Arc<Target>,
     /// Namespace 2's I/O completes only while this is true.
     gate: Arc<AtomicBool>,
     rt: Option<Runtime>,
@@ -130,6 +131,7 @@ impl Rig {
         })
         .expect("transport");
         Rig {
+            target: target.clone(),
             gate,
             rt: Some(rt),
             tr: Some(tr),
@@ -496,6 +498,46 @@ fn abort_in_flight_inproc() {
 #[test]
 fn abort_in_flight_tcp() {
     abort_in_flight(SoftFabric::Tcp);
+}
+
+/// An Asynchronous Event Request waits in the target (the reactors may sleep meanwhile) and is
+/// answered when a namespace is added: the notice arrives as a SEND.
+fn async_event(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    // Async Event Configuration: namespace attribute notices on.
+    let mut aec = Sqe::new(0x09, 0, 0);
+    aec.cdw10 = 0x0B;
+    aec.cdw11 = 1 << 8;
+    assert!(admin.exec(aec, &[]).unwrap().status.is_success());
+    admin.send_only(Sqe::new(0x0C, 0, 0));
+    wait_until("the AER held by the target", || {
+        admin.poll_once();
+        rig.usage_full().3 == 1
+    });
+    // Let the reactors go idle before the event.
+    std::thread::sleep(Duration::from_millis(100));
+    rig.target.add_namespace(SUBNQN, 3, "m0").unwrap();
+    let c = admin.wait_response();
+    assert!(c.status.is_success(), "{c:?}");
+    // Notice type (bits 2:0) 2, information 0 (namespace attribute changed).
+    assert_eq!(c.dw0 & 0x7, 2, "{c:?}");
+    drop(admin);
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
+#[test]
+fn async_event_inproc() {
+    async_event(SoftFabric::InProcess);
+}
+
+#[test]
+fn async_event_tcp() {
+    async_event(SoftFabric::Tcp);
 }
 
 #[test]

@@ -157,6 +157,9 @@ pub trait Handler<R> {
     fn busy(&self) -> bool {
         false
     }
+    /// Called on a timer by the reactor (also while it sleeps otherwise): the layer above's
+    /// slow work (events for the host, torn-down associations).
+    fn tick(&mut self, _pg: &mut PollGroup<R>) {}
     /// A qpair the layer above wants disconnected (asked after `poll_side` until None).
     fn take_disconnect(&mut self) -> Option<u32> {
         None
