@@ -15,7 +15,7 @@ const CAPSULE_AT: usize = 0;
 const RESPONSE_AT: usize = 16 * 1024;
 /// Start of the data area keyed SGLs point into.
 pub const DATA_AT: usize = 64 * 1024;
-const REGION: usize = 1 << 20;
+const REGION: usize = 4 << 20;
 
 pub fn patience() -> Duration {
     Duration::from_secs(30)
@@ -171,6 +171,78 @@ impl HostQueue {
         self.mr
             .read_vec(DATA_AT + offset..DATA_AT + offset + len)
             .unwrap()
+    }
+
+    /// Runs up to 16 commands (no in-capsule data) at once; their responses by CID order of
+    /// `sqes`. Panics if the connection fails.
+    pub fn exec_many(&mut self, sqes: &[Sqe]) -> Vec<Cqe> {
+        assert!(sqes.len() <= 16, "the host QP takes 16 at a time");
+        let mut cids = Vec::new();
+        for (i, sqe) in sqes.iter().enumerate() {
+            let mut sqe = *sqe;
+            sqe.cid = self.next_cid;
+            self.next_cid = self.next_cid.wrapping_add(1);
+            cids.push(sqe.cid);
+            self.mr
+                .write_at(CAPSULE_AT + i * 128, &sqe.to_bytes())
+                .unwrap();
+            let recv = self.mr.sge(RESPONSE_AT + i * 16, 16);
+            self.qp
+                .post_recv(&[RecvWr {
+                    wr_id: 100 + i as u64,
+                    sges: &[recv],
+                }])
+                .unwrap();
+        }
+        for i in 0..sqes.len() {
+            let send = self.mr.sge(CAPSULE_AT + i * 128, 64);
+            self.qp
+                .post_send(&[SendWr {
+                    wr_id: 200 + i as u64,
+                    op: SendOp::Send,
+                    sges: &[send],
+                    flags: SendFlags::SIGNALED,
+                }])
+                .unwrap();
+        }
+        let (mut sent, mut answered) = (0, 0);
+        let mut wcs = [WorkCompletion::default(); 16];
+        let deadline = Instant::now() + patience();
+        while sent < sqes.len() || answered < sqes.len() {
+            let n = self.cq.poll(&mut wcs).unwrap();
+            for w in &wcs[..n] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                if w.wr_id >= 200 {
+                    sent += 1;
+                } else {
+                    answered += 1;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{answered} of {} answered",
+                sqes.len()
+            );
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        let mut by_cid = Vec::new();
+        for i in 0..sqes.len() {
+            let mut response = [0u8; 16];
+            self.mr
+                .read_at(RESPONSE_AT + i * 16, &mut response)
+                .unwrap();
+            by_cid.push(Cqe::decode(&response).unwrap());
+        }
+        cids.iter()
+            .map(|cid| {
+                *by_cid
+                    .iter()
+                    .find(|c| c.cid == *cid)
+                    .expect("a response for every command")
+            })
+            .collect()
     }
 
     /// Sends `sqe` (a response receive posted) without waiting for anything.

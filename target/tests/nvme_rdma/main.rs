@@ -146,6 +146,18 @@ impl Rig {
         (u.0, u.1, u.2)
     }
 
+    /// Times a request waited for data buffers, over the groups.
+    fn buffer_waits(&self) -> u64 {
+        let tr = self.tr.as_ref().unwrap();
+        (0..REACTORS)
+            .map(|r| {
+                tr.with_group(0, r, |g| g.poll_group().stats().buffer_waits)
+                    .unwrap()
+                    .unwrap()
+            })
+            .sum()
+    }
+
     /// Sum over the groups of (requests in use, free buffers, NVMe queues, pending
     /// completions, qpairs).
     fn usage_full(&self) -> (usize, u32, usize, usize, usize) {
@@ -538,6 +550,69 @@ fn async_event_inproc() {
 #[test]
 fn async_event_tcp() {
     async_event(SoftFabric::Tcp);
+}
+
+/// 16 writes of 64 KiB at once need twice the group's data buffers: the later ones wait for
+/// buffers in order, none is dropped; 16 reads at once bring every byte back.
+fn queue_full(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io, 1, cntlid);
+    const UNIT: usize = 65536;
+    let mut writes = Vec::new();
+    let mut data = Vec::new();
+    for i in 0..16 {
+        let d = pattern(i as u8, UNIT);
+        io.write_data(i * UNIT, &d);
+        data.push(d);
+        writes.push(rw(
+            0x01,
+            (i * 128) as u64,
+            128,
+            io.keyed(i * UNIT, UNIT as u32),
+        ));
+    }
+    for c in io.exec_many(&writes) {
+        assert!(c.status.is_success(), "{c:?}");
+    }
+    assert!(rig.buffer_waits() > 0, "the writes had to wait for buffers");
+    let mut reads = Vec::new();
+    for i in 0..16 {
+        io.write_data(i * UNIT, &vec![0; UNIT]);
+        reads.push(rw(
+            0x02,
+            (i * 128) as u64,
+            128,
+            io.keyed(i * UNIT, UNIT as u32),
+        ));
+    }
+    for c in io.exec_many(&reads) {
+        assert!(c.status.is_success(), "{c:?}");
+    }
+    for (i, d) in data.iter().enumerate() {
+        assert!(
+            io.read_data(i * UNIT, UNIT) == *d,
+            "64 KiB unit {i} read back"
+        );
+    }
+    drop(io);
+    drop(admin);
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
+#[test]
+fn queue_full_inproc() {
+    queue_full(SoftFabric::InProcess);
+}
+
+#[test]
+fn queue_full_tcp() {
+    queue_full(SoftFabric::Tcp);
 }
 
 #[test]
