@@ -213,13 +213,15 @@ impl<R: Default, H: Handler<R>> GroupPoller<R, H> {
         self.with_parts(|pg, h| pg.disconnect(h, qp_num));
     }
 
-    /// Refuse new connections and drain the existing ones; true once none is left.
+    /// Refuse new connections and drain the existing ones; true once none is left and the
+    /// handler has nothing in flight (block I/O may still own buffers of aborted requests:
+    /// the group must not be dropped under it).
     pub(crate) fn quiesce(&mut self) -> bool {
         if !self.stopping {
             self.stopping = true;
             self.disconnect_all();
         }
-        self.pg.qpair_count() == 0
+        self.pg.qpair_count() == 0 && !self.handler.busy()
     }
 }
 

@@ -323,8 +323,8 @@ where
                     .reactor
                     .call(move |r| {
                         r.poller_mut::<GroupPoller<R, H>>(pid).map_or(0, |gp| {
-                            gp.quiesce();
-                            gp.poll_group().qpair_count()
+                            let done = gp.quiesce();
+                            gp.poll_group().qpair_count().max(usize::from(!done))
                         })
                     })
                     .unwrap_or(0);

@@ -2,7 +2,7 @@
 //! died while its block I/O was in flight" deterministic. No data is stored.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use nvmf_target::bdev::{
     Bdev, BdevChannel, BdevError, BdevInfo, BdevOp, IoBuf, IoStatus, Submitted,
@@ -11,6 +11,8 @@ use nvmf_target::bdev::{
 pub struct GateBdev {
     info: BdevInfo,
     open: Arc<AtomicBool>,
+    /// I/O completed so far (reaped by a poll).
+    pub reaped: Arc<AtomicUsize>,
 }
 
 impl GateBdev {
@@ -23,6 +25,7 @@ impl GateBdev {
                 volatile_cache: false,
             },
             open,
+            reaped: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
@@ -34,6 +37,7 @@ impl Bdev for GateBdev {
     fn open_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
         Ok(Box::new(GateChannel {
             open: self.open.clone(),
+            reaped: self.reaped.clone(),
             tags: Vec::new(),
         }))
     }
@@ -41,6 +45,7 @@ impl Bdev for GateBdev {
 
 struct GateChannel {
     open: Arc<AtomicBool>,
+    reaped: Arc<AtomicUsize>,
     tags: Vec<u64>,
 }
 
@@ -57,6 +62,7 @@ impl BdevChannel for GateChannel {
         for tag in self.tags.drain(..) {
             done(tag, IoStatus::Success);
         }
+        self.reaped.fetch_add(n, Ordering::AcqRel);
         n
     }
     fn in_flight(&self) -> usize {

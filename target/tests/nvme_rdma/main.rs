@@ -45,6 +45,8 @@ struct Rig {
     target: Arc<Target>,
     /// Namespace 2's I/O completes only while this is true.
     gate: Arc<AtomicBool>,
+    /// Namespace 2's I/O reaped so far.
+    gate_reaped: Arc<std::sync::atomic::AtomicUsize>,
     rt: Option<Runtime>,
     tr: Option<RdmaTransport<Command, NvmeHandler>>,
     addr: SocketAddr,
@@ -84,6 +86,7 @@ impl Rig {
         .unwrap();
         let gate = Arc::new(AtomicBool::new(true));
         let gated = Arc::new(GateBdev::new("gate", BLOCKS, gate.clone()));
+        let gate_reaped = gated.reaped.clone();
         let index = t.add_bdev("gate", gated.clone());
         sub.add_namespace(Namespace {
             nsid: 2,
@@ -133,6 +136,7 @@ impl Rig {
         Rig {
             target: target.clone(),
             gate,
+            gate_reaped,
             rt: Some(rt),
             tr: Some(tr),
             addr,
@@ -500,6 +504,52 @@ fn abort_in_flight(fabric: SoftFabric) {
     wait_until("everything back", || {
         rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
     });
+}
+
+/// Stopping the transport while an aborted request's block I/O is in flight waits for it: the
+/// group (and the buffers the device writes into) is not dropped under the I/O.
+fn stop_waits_for_block_io(fabric: SoftFabric) {
+    let mut rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io, 1, cntlid);
+    rig.gate.store(false, Ordering::Release);
+    let mut write = rw(0x01, 0, 16, io.keyed(0, 8192));
+    write.nsid = 2;
+    io.send_only(write);
+    wait_until("the write's block I/O in flight", || {
+        io.poll_once();
+        rig.usage_full().3 == 1
+    });
+    let gate = rig.gate.clone();
+    let reaped = rig.gate_reaped.clone();
+    let opener = std::thread::spawn(move || {
+        // Only once the stop has begun (the qpairs are being drained).
+        std::thread::sleep(Duration::from_millis(200));
+        gate.store(true, Ordering::Release);
+    });
+    let tr = rig.tr.take().unwrap();
+    tr.stop(Duration::from_secs(20)).expect("a clean stop");
+    assert_eq!(
+        reaped.load(Ordering::Acquire),
+        1,
+        "the stop waited for the block I/O"
+    );
+    opener.join().unwrap();
+    drop(io);
+    drop(admin);
+}
+
+#[test]
+fn stop_waits_for_block_io_inproc() {
+    stop_waits_for_block_io(SoftFabric::InProcess);
+}
+
+#[test]
+fn stop_waits_for_block_io_tcp() {
+    stop_waits_for_block_io(SoftFabric::Tcp);
 }
 
 #[test]
