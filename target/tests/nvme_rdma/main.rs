@@ -208,7 +208,8 @@ fn connect_sqe(host: &HostQueue, qid: u16, sqsize: u16) -> Sqe {
         qid,
         sqsize,
         cattr: 0,
-        kato: 0,
+        // Keep-alive on the admin queue: 2 minutes (no test waits for it; expiry is forced).
+        kato: if qid == 0 { 120_000 } else { 0 },
         sgl: host.keyed(0, 1024),
     }
     .to_sqe()
@@ -550,6 +551,35 @@ fn stop_waits_for_block_io_inproc() {
 #[test]
 fn stop_waits_for_block_io_tcp() {
     stop_waits_for_block_io(SoftFabric::Tcp);
+}
+
+/// A controller whose keep-alive expired is torn down: the target disconnects its admin and
+/// I/O qpairs by itself and frees everything.
+fn keep_alive_expiry(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io, 1, cntlid);
+    // The daemon sweeps on a timer; here the clock is moved past KATO instead of waited for.
+    let later = std::time::Instant::now() + Duration::from_secs(3600);
+    assert_eq!(rig.target.reap_expired(later), vec![cntlid]);
+    admin.wait_disconnected();
+    io.wait_disconnected();
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
+#[test]
+fn keep_alive_expiry_inproc() {
+    keep_alive_expiry(SoftFabric::InProcess);
+}
+
+#[test]
+fn keep_alive_expiry_tcp() {
+    keep_alive_expiry(SoftFabric::Tcp);
 }
 
 #[test]
