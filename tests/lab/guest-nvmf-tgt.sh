@@ -32,8 +32,9 @@ bdev = "m0"
 TOML
 "$TGT" --config /root/nvmf-tgt.toml > /root/nvmf-tgt.log 2>&1 &
 TPID=$!
-sleep 2
-tail -5 /root/nvmf-tgt.log
+# Start-up is slow under TCG: wait for the daemon to say it serves.
+for i in $(seq 300); do grep -q "nvmf-tgt running" /root/nvmf-tgt.log && break; sleep 0.2; done
+tail -3 /root/nvmf-tgt.log
 rc=1
 (
   step "host: modprobe nvme-rdma; nvme discover"

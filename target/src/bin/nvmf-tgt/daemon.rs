@@ -127,6 +127,29 @@ fn attach_transport(
         data_buffers: *t.data_buffers.get_ref(),
         ..PollGroupConfig::default()
     };
+    // Request objects bound the CQ (each may have a chain of 17 WRs on it): fewer of them on
+    // devices with small CQs (rxe: 32767 entries).
+    let max_cqe = rdma
+        .devices
+        .iter()
+        .filter_map(|d| d.ctx.query_device().ok().map(|a| a.max_cqe))
+        .min()
+        .unwrap_or(u32::MAX);
+    while rdma.group.cq_depth() > max_cqe && rdma.group.max_requests > rdma.group.max_queue_depth {
+        rdma.group.max_requests /= 2;
+    }
+    if rdma.group.cq_depth() > max_cqe {
+        anyhow::bail!(
+            "transport: srq_depth {} needs a CQ of {} entries, the device has {max_cqe}",
+            rdma.group.srq_depth,
+            rdma.group.cq_depth()
+        );
+    }
+    tracing::info!(
+        max_requests = rdma.group.max_requests,
+        cq_depth = rdma.group.cq_depth(),
+        "poll group sizing"
+    );
     rdma.max_qid = target.limits().max_io_queues;
     let mut io: Vec<Option<ReactorIo>> = io.into_iter().map(Some).collect();
     let transport = RdmaTransport::start(runtime.reactors(), rdma, |info| {
