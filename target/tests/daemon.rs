@@ -28,10 +28,16 @@ fn sigusr1_stats_and_sigterm_clean_exit() {
     let stats = dir.path().join("stats.json");
     let image = dir.path().join("ns.img");
     let config = dir.path().join("t.toml");
+    // The daemon really listens: a free port, not 4420 (another daemon may hold it).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     std::fs::write(
         &config,
         format!(
-            "[reactors]\ncores = [0]\n[transport]\nprovider = \"soft\"\nlisten = [\"127.0.0.1:4420\"]\n\
+            "[reactors]\ncores = [0]\n[transport]\nprovider = \"soft\"\nlisten = [\"127.0.0.1:{port}\"]\n\
              [daemon]\nstats_file = {stats:?}\nstats_interval_ms = 3600000\n\
              [[bdev]]\nname = \"f\"\nkind = \"file\"\npath = {image:?}\nsize = 1048576\n\
              [[subsystem]]\nnqn = \"nqn.2016-06.io.nvmf-rs:t\"\nallow_any_host = true\n\

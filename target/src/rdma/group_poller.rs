@@ -190,6 +190,14 @@ impl<R: Default, H: Handler<R>> GroupPoller<R, H> {
         self.with_parts(|pg, h| pg.handle_async_event(h, kind));
     }
 
+    /// The handler's slow work, on the reactor's timer (see `TICK`).
+    pub(crate) fn tick(&mut self) {
+        self.handler.tick(&mut self.pg);
+        while let Some(qp_num) = self.handler.take_disconnect() {
+            self.disconnect(qp_num);
+        }
+    }
+
     /// Starts draining every qpair of the group (no-op for those already draining).
     pub fn disconnect_all(&mut self) {
         let all: Vec<u32> = self.pg.qpair_nums().collect();
@@ -205,13 +213,15 @@ impl<R: Default, H: Handler<R>> GroupPoller<R, H> {
         self.with_parts(|pg, h| pg.disconnect(h, qp_num));
     }
 
-    /// Refuse new connections and drain the existing ones; true once none is left.
+    /// Refuse new connections and drain the existing ones; true once none is left and the
+    /// handler has nothing in flight (block I/O may still own buffers of aborted requests:
+    /// the group must not be dropped under it).
     pub(crate) fn quiesce(&mut self) -> bool {
         if !self.stopping {
             self.stopping = true;
             self.disconnect_all();
         }
-        self.pg.qpair_count() == 0
+        self.pg.qpair_count() == 0 && !self.handler.busy()
     }
 }
 
@@ -236,8 +246,12 @@ where
                 tracing::warn!(error = %e, "reading the completion channel failed");
             }
         }
+        let side = self.handler.poll_side(&mut self.pg);
+        while let Some(qp_num) = self.handler.take_disconnect() {
+            self.disconnect(qp_num);
+        }
         match self.with_parts(|pg, h| pg.poll(h)) {
-            Ok(n) => PollStatus::from_count(n),
+            Ok(n) => PollStatus::from_count(n + side),
             Err(e) => {
                 if !self.poll_failed {
                     self.poll_failed = true;
@@ -250,6 +264,10 @@ where
     }
 
     fn arm(&mut self, fds: &mut WakeFds) -> Arm {
+        if self.handler.busy() {
+            // Block-device completions are polled, not signalled on the channel.
+            return Arm::WorkPending;
+        }
         match self.pg.arm() {
             Ok(Some(wake)) => {
                 for fd in wake.into_iter().flatten() {

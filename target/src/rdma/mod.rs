@@ -43,6 +43,9 @@ pub use nvmf_transport::pollgroup::{PlacementPolicy, PollGroupConfig};
 use acceptor::{Acceptor, Counters, DeviceSlot, GroupRef, LISTENER_BIT};
 use link::{Control, GroupLink};
 
+/// How often each group's handler does its slow work (`Handler::tick`).
+const TICK: Duration = Duration::from_millis(50);
+
 /// One device the target serves, and the addresses it listens on there.
 #[derive(Clone)]
 pub struct DeviceListen {
@@ -161,9 +164,24 @@ where
                     let poller = reactor
                         .call(move |r| {
                             let pg = PollGroup::<R>::new(&ctx, gcfg)?;
-                            Ok::<_, TransportError>(
-                                r.add_poller(Box::new(GroupPoller::new(pg, handler, info, link))),
-                            )
+                            let pid =
+                                r.add_poller(Box::new(GroupPoller::new(pg, handler, info, link)));
+                            // The handler's slow work runs on a timer, so it happens while the
+                            // reactor sleeps too; the timer ends when the group is gone.
+                            let timer = std::rc::Rc::new(std::cell::Cell::new(None));
+                            let own = timer.clone();
+                            let id = r.add_timer(TICK, Some(TICK), move |r| {
+                                match r.poller_mut::<GroupPoller<R, H>>(pid) {
+                                    Some(g) => g.tick(),
+                                    None => {
+                                        if let Some(t) = own.take() {
+                                            r.cancel_timer(t);
+                                        }
+                                    }
+                                }
+                            });
+                            timer.set(Some(id));
+                            Ok::<_, TransportError>(pid)
                         })
                         .map_err(|source| RdmaError::Reactor { reactor: i, source })??;
                     created[d].push(GroupRef {
@@ -305,8 +323,8 @@ where
                     .reactor
                     .call(move |r| {
                         r.poller_mut::<GroupPoller<R, H>>(pid).map_or(0, |gp| {
-                            gp.quiesce();
-                            gp.poll_group().qpair_count()
+                            let done = gp.quiesce();
+                            gp.poll_group().qpair_count().max(usize::from(!done))
                         })
                     })
                     .unwrap_or(0);
