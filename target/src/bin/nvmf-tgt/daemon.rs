@@ -128,23 +128,18 @@ fn attach_transport(
         ..PollGroupConfig::default()
     };
     // Request objects bound the CQ (each may have a chain of 17 WRs on it): fewer of them on
-    // devices with small CQs (rxe: 32767 entries).
+    // devices with small CQs (rxe: 32767 entries). The poll group applies the same cap per
+    // device; doing it here for the smallest device gives every group one size and a clear
+    // error before any reactor is touched.
     let max_cqe = rdma
         .devices
         .iter()
         .filter_map(|d| d.ctx.query_device().ok().map(|a| a.max_cqe))
         .min()
         .unwrap_or(u32::MAX);
-    while rdma.group.cq_depth() > max_cqe && rdma.group.max_requests > rdma.group.max_queue_depth {
-        rdma.group.max_requests /= 2;
-    }
-    if rdma.group.cq_depth() > max_cqe {
-        anyhow::bail!(
-            "transport: srq_depth {} needs a CQ of {} entries, the device has {max_cqe}",
-            rdma.group.srq_depth,
-            rdma.group.cq_depth()
-        );
-    }
+    rdma.group
+        .fit_cq(max_cqe)
+        .context("transport: sizing the poll groups' completion queues")?;
     tracing::info!(
         max_requests = rdma.group.max_requests,
         cq_depth = rdma.group.cq_depth(),
