@@ -94,7 +94,12 @@ pub(crate) fn ack_timeout(code: u8) -> Duration {
 
 /// A send WR kept by the device (stalled, or in flight on TCP).
 pub(crate) struct SqEntry {
+    /// Send-queue sequence (every posted WR; the CQ's retire accounting).
     pub(crate) seq: u64,
+    /// TCP: the request sequence on the wire. Local operations (window bind, local
+    /// invalidate) send no frame, so they take none: they carry the sequence of the next
+    /// wire request, which they precede.
+    pub(crate) wire_seq: u64,
     pub(crate) wr_id: u64,
     pub(crate) op: SendOp,
     pub(crate) signaled: bool,
@@ -113,6 +118,7 @@ impl SqEntry {
     fn empty() -> SqEntry {
         SqEntry {
             seq: 0,
+            wire_seq: 0,
             wr_id: 0,
             op: SendOp::Send,
             signaled: false,
@@ -173,6 +179,9 @@ pub(crate) struct Slow {
     /// TCP responder: the next request sequence accepted. Kept by the QP, not the connection,
     /// so a replacement connection continues where the old one stopped.
     pub(crate) expect: u64,
+    /// TCP requester: the wire sequence of the next request frame (local operations take
+    /// none, so the responder's `expect` sees no gap).
+    pub(crate) next_wire: u64,
     /// TCP responder: a sequence-error NAK was sent for the current gap.
     pub(crate) seq_nak_sent: bool,
 }
@@ -770,6 +779,7 @@ impl QpShared {
         g.peer_addr = None;
         g.retry_at = None;
         g.expect = 0;
+        g.next_wire = 0;
         g.seq_nak_sent = false;
         if let Some(c) = g.conn.take() {
             tcp::close(self, c);
@@ -905,6 +915,7 @@ impl SoftQp {
                 retry_at: None,
                 conn_wait_since: None,
                 expect: 0,
+                next_wire: 0,
                 seq_nak_sent: false,
                 rnr_left: 7,
                 retry_left: 7,

@@ -583,6 +583,10 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
         slow.recycle(e);
         return;
     }
+    e.wire_seq = slow.next_wire;
+    if !super::qp::is_local(&e.op) {
+        slow.next_wire += 1;
+    }
     let dead = slow.conn.as_ref().is_some_and(|c| c.dead);
     slow.sq.push_back(e);
     if dead {
@@ -686,7 +690,7 @@ fn encode_request(
     e: &mut SqEntry,
 ) -> std::result::Result<(), WcStatus> {
     let mut h = Hdr {
-        seq: e.seq,
+        seq: e.wire_seq,
         flags: if e.solicited { F_SOLICITED } else { 0 },
         ..Hdr::default()
     };
@@ -888,7 +892,7 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
         }
         T_ACK => {
             while let Some(e) = slow.sq.front() {
-                if e.seq > h.seq || !e.sent || matches!(e.op, SendOp::RdmaRead { .. }) {
+                if e.wire_seq > h.seq || !e.sent || matches!(e.op, SendOp::RdmaRead { .. }) {
                     break;
                 }
                 let Some(e) = slow.sq.pop_front() else { break };
@@ -904,7 +908,7 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
             let Some(e) = slow.sq.front() else {
                 return true;
             };
-            if e.seq != h.seq || !matches!(e.op, SendOp::RdmaRead { .. }) {
+            if e.wire_seq != h.seq || !matches!(e.op, SendOp::RdmaRead { .. }) {
                 return true;
             }
             match mem::resolve_local(&qp.dev().keys, qp.pd(), e.sges(), Access::LOCAL_WRITE) {
@@ -935,7 +939,7 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
             // Re-send from the request the responder expects, unless an RNR timer already
             // governs the re-send.
             if conn.go_back.is_none() && qp.state() == QpState::Rts {
-                for e in slow.sq.iter_mut().filter(|e| e.seq >= h.seq) {
+                for e in slow.sq.iter_mut().filter(|e| e.wire_seq >= h.seq) {
                     e.sent = false;
                 }
                 if let Err((i, status)) = transmit_pending(qp, conn, &mut slow.sq) {
@@ -945,7 +949,9 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
             true
         }
         T_NAK => {
-            if slow.sq.front().is_none_or(|e| e.seq != h.seq) || qp.state() == QpState::Err {
+            // Local operations that executed ahead of the NAKed request are done.
+            complete_local_heads(qp, slow);
+            if slow.sq.front().is_none_or(|e| e.wire_seq != h.seq) || qp.state() == QpState::Err {
                 return true;
             }
             let status = match h.code {
