@@ -106,9 +106,7 @@ impl Fabric for RdmaFabric {
         let addr = socket_address(&params.address)?;
         let resources = |what: &str| {
             let what = what.to_string();
-            move |e: nvmf_transport::TransportError| {
-                ConnectError::Resources(format!("{what}: {e}"))
-            }
+            move |e: nvmf_transport::TransportError| ConnectError::Resources(format!("{what}: {e}"))
         };
         let channel = CmChannel::new(self.kind).map_err(resources("CM channel"))?;
         let id = channel
@@ -146,9 +144,10 @@ impl Fabric for RdmaFabric {
             active: false,
             qid: params.qid,
         };
-        // The host issues no RDMA READs (initiator depth 0); the target READs host memory.
+        // The host issues no RDMA READs (initiator depth 0; the group wants a read depth of at
+        // least 1); the target READs host memory.
         let qp_num = pg
-            .add_cm_qpair(id, depth, 0, u64::from(params.qid))
+            .add_cm_qpair(id, depth, 1, u64::from(params.qid))
             .map_err(|e| ConnectError::Resources(format!("host qpair: {e:?}")))?;
         let private_data = RdmaConnectRequest {
             recfmt: 0,
@@ -181,11 +180,15 @@ impl Fabric for RdmaFabric {
                 reason,
                 private_data,
             } => {
-                let why = match RdmaReject::decode(private_data) {
-                    Ok(r) => format!("{:?}", r.status),
-                    Err(_) => format!("reason {reason}"),
-                };
-                return Err(ConnectError::Rejected(format!("{addr} qid {}: {why}", params.qid)));
+                // An NVMe-oF reject carries its status; a bare one means nobody listens there.
+                return Err(match RdmaReject::decode(private_data) {
+                    Ok(r) => {
+                        ConnectError::Rejected(format!("{addr} qid {}: {:?}", params.qid, r.status))
+                    }
+                    Err(_) => ConnectError::Unreachable(format!(
+                        "{addr}: no NVMe-oF listener (CM reject, reason {reason})"
+                    )),
+                });
             }
             other => return Err(ConnectError::Unreachable(format!("{addr}: {other:?}"))),
         };

@@ -22,10 +22,10 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
 use nvmf_protocol::{Cqe, SglDescriptor, Sqe};
+use nvmf_transport::pollgroup::WrKind;
 use nvmf_transport::pollgroup::{
     BufferGrant, ChainWr, Handler, PollGroup, QpairEvent, QpairHandle, ReqId,
 };
-use nvmf_transport::pollgroup::WrKind;
 use nvmf_transport::{CmChannel, CmEventKind, Mr, SendOp, Sge, TransportError, WcStatus};
 
 use crate::queue::{DataRegion, HostQueue, QueueError};
@@ -76,7 +76,11 @@ impl Handler<HostCommand> for Side {
         _: WrKind,
         status: WcStatus,
     ) {
-        tracing::warn!(?req, ?status, "unexpected chain completion on a host request");
+        tracing::warn!(
+            ?req,
+            ?status,
+            "unexpected chain completion on a host request"
+        );
     }
     fn qpair_event(&mut self, _: &mut PollGroup<HostCommand>, _: u32, _: u64, ev: QpairEvent) {
         match ev {
@@ -101,12 +105,20 @@ impl Handler<HostCommand> for Side {
         };
         let Some(&req) = self.by_cid.get(&cqe.cid) else {
             // A response for no command in flight (duplicate or stale): a broken target.
-            tracing::warn!(qid = self.qid, cid = cqe.cid, "response for no command in flight");
+            tracing::warn!(
+                qid = self.qid,
+                cid = cqe.cid,
+                "response for no command in flight"
+            );
             return;
         };
         if let Some(r) = pg.request_mut(req) {
             if r.user.cqe.is_some() {
-                tracing::warn!(qid = self.qid, cid = cqe.cid, "second response for a command");
+                tracing::warn!(
+                    qid = self.qid,
+                    cid = cqe.cid,
+                    "second response for a command"
+                );
                 return;
             }
             r.user.cqe = Some(cqe);
@@ -182,10 +194,14 @@ impl RdmaQueue {
         loop {
             match self.channel.poll_event() {
                 Ok(Some(ev)) => {
-                    if matches!(ev.kind, CmEventKind::Disconnected | CmEventKind::DeviceRemoval) {
+                    if matches!(
+                        ev.kind,
+                        CmEventKind::Disconnected | CmEventKind::DeviceRemoval
+                    ) {
                         self.side.lose(format!("{:?}", ev.kind));
                     }
-                    self.pg.handle_cm_event(&mut self.side, self.qp_num, &ev.kind);
+                    self.pg
+                        .handle_cm_event(&mut self.side, self.qp_num, &ev.kind);
                 }
                 Ok(None) => return,
                 Err(e) => {
@@ -212,12 +228,17 @@ impl RdmaQueue {
             return Ok(None);
         }
         if key != self.side.mr.rkey() {
-            return Err(QueueError::Invalid(format!("SGL key {key:#x} is not the region's")));
+            return Err(QueueError::Invalid(format!(
+                "SGL key {key:#x} is not the region's"
+            )));
         }
         let start = address
             .checked_sub(self.side.mr.addr())
             .map(|s| s as usize)
-            .filter(|s| s.checked_add(length).is_some_and(|e| e <= self.side.host.len()))
+            .filter(|s| {
+                s.checked_add(length)
+                    .is_some_and(|e| e <= self.side.host.len())
+            })
             .ok_or_else(|| {
                 QueueError::Invalid(format!("SGL {address:#x}+{length} outside the region"))
             })?;
@@ -260,7 +281,10 @@ impl HostQueue for RdmaQueue {
             )));
         }
         if self.side.by_cid.contains_key(&sqe.cid) {
-            return Err(QueueError::Invalid(format!("CID {} already in flight", sqe.cid)));
+            return Err(QueueError::Invalid(format!(
+                "CID {} already in flight",
+                sqe.cid
+            )));
         }
         let data = self.keyed_range(sqe)?;
         let req = match self.pg.submit(self.handle) {
@@ -281,7 +305,11 @@ impl HostQueue for RdmaQueue {
             }
         }
         if let Some(range) = &data {
-            if let Err(e) = self.side.mr.write_at(range.start, &self.side.host[range.clone()]) {
+            if let Err(e) = self
+                .side
+                .mr
+                .write_at(range.start, &self.side.host[range.clone()])
+            {
                 self.pg.finish(req);
                 return Err(QueueError::Invalid(format!("copy to the region: {e}")));
             }
@@ -347,7 +375,8 @@ impl HostQueue for RdmaQueue {
                 break;
             }
             while let Ok(Some(ev)) = self.channel.poll_event() {
-                self.pg.handle_cm_event(&mut self.side, self.qp_num, &ev.kind);
+                self.pg
+                    .handle_cm_event(&mut self.side, self.qp_num, &ev.kind);
             }
             std::thread::yield_now();
         }

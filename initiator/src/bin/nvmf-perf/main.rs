@@ -16,6 +16,7 @@ use nvmf_initiator::perf::job::JobSpec;
 use nvmf_initiator::perf::runner::{RunConfig, run};
 use nvmf_initiator::perf::workload::Pattern;
 use nvmf_initiator::queue::Fabric;
+use nvmf_initiator::rdma::RdmaFabric;
 
 /// Drive I/O at every namespace of one NVMe-oF subsystem and report IOPS, bandwidth and
 /// latency percentiles per namespace and in total.
@@ -70,10 +71,15 @@ fn main() -> anyhow::Result<()> {
             let target = args.connect.loopback_target().map_err(anyhow::Error::msg)?;
             perf(LoopbackFabric::new(target), &args)
         }
-        other => bail!(
-            "transport '{other}' is not wired into the initiator yet (it waits for the host \
-             poll group); use --transport loopback to exercise the tool"
+        "soft" => bail!(
+            "--transport soft is the in-process soft fabric: the target would have to live in \
+             this process; use --transport soft-tcp to reach nvmf-tgt's soft device"
         ),
+        name => {
+            let fabric =
+                RdmaFabric::new(name, None).with_context(|| format!("transport '{name}'"))?;
+            perf(fabric, &args)
+        }
     }
 }
 
