@@ -9,11 +9,12 @@
 //! - [`rdma`]: the RDMA transport side (per-core poll groups on reactors, the acceptor thread,
 //!   connection placement and event routing).
 //!
-//! Still to come: the request state machine with RDMA data movement that joins [`rdma`] to
-//! [`nvme`] (new -> need buffer -> RDMA READ -> execute -> RDMA WRITE + SEND -> done).
+//! - [`transport_glue`]: the request state machine with RDMA data movement that joins [`rdma`]
+//!   to [`nvme`] (new -> need buffer -> RDMA READ -> execute -> RDMA WRITE + SEND -> done).
 #![deny(unsafe_code)]
 
 pub mod bdev;
 pub mod config;
 pub mod nvme;
 pub mod rdma;
+pub mod transport_glue;

@@ -182,6 +182,21 @@ impl Queue {
         exec
     }
 
+    /// Answer `sqe` with `status` without executing it (the transport found its SGL malformed,
+    /// or could not move its data): SQHD advances as for any fetched command and the error
+    /// is logged like an executed command's.
+    pub fn reject(&mut self, sqe: &Sqe, status: Status) -> Cqe {
+        if let QueueState::Bound { depth, .. } = &self.state {
+            self.sqhd = ((u32::from(self.sqhd) + 1) % depth.max(&1)) as u16;
+        }
+        let cqe = self.error(sqe, status);
+        if let Some(c) = self.controller() {
+            self.counters.error();
+            c.record_error(cqe.sqid, cqe.cid, cqe.status, sqe.nsid, sqe.opcode);
+        }
+        cqe
+    }
+
     /// Outstanding Asynchronous Event Requests answered by an event: `out(tag, cqe)`.
     pub fn poll_events(&mut self, out: &mut dyn FnMut(u64, Cqe)) -> usize {
         let Some(c) = self.controller().cloned() else {

@@ -236,8 +236,12 @@ where
                 tracing::warn!(error = %e, "reading the completion channel failed");
             }
         }
+        let side = self.handler.poll_side(&mut self.pg);
+        while let Some(qp_num) = self.handler.take_disconnect() {
+            self.disconnect(qp_num);
+        }
         match self.with_parts(|pg, h| pg.poll(h)) {
-            Ok(n) => PollStatus::from_count(n),
+            Ok(n) => PollStatus::from_count(n + side),
             Err(e) => {
                 if !self.poll_failed {
                     self.poll_failed = true;
@@ -250,6 +254,10 @@ where
     }
 
     fn arm(&mut self, fds: &mut WakeFds) -> Arm {
+        if self.handler.busy() {
+            // Block-device completions are polled, not signalled on the channel.
+            return Arm::WorkPending;
+        }
         match self.pg.arm() {
             Ok(Some(wake)) => {
                 for fd in wake.into_iter().flatten() {

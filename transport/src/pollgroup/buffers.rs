@@ -62,4 +62,22 @@ impl DataBuffers {
         // flight), no rkey to it is granted, and `&mut self` excludes any other view.
         unsafe { self.mr.view_mut(s..s + self.unit as usize) }
     }
+
+    /// Writable views of several distinct buffers at once, in `bufs` order, into `out`;
+    /// returns how many were written.
+    pub(crate) fn many_mut<'a>(&'a mut self, bufs: &[u32], out: &mut [&'a mut [u8]]) -> usize {
+        let unit = self.unit as usize;
+        let mut n = 0;
+        for (slot, &b) in out.iter_mut().zip(bufs) {
+            debug_assert!(!bufs[..n].contains(&b), "buffer {b} listed twice");
+            let s = b as usize * unit;
+            // SAFETY: the buffers a request holds are distinct pieces of the region (each taken
+            // once from the free stack), so the views do not overlap; `&mut self` excludes any
+            // other view for their lifetime; no work request on them is in flight (the caller
+            // holds the request Idle) and no rkey to them is granted.
+            *slot = unsafe { self.mr.view_mut(s..s + unit) };
+            n += 1;
+        }
+        n
+    }
 }

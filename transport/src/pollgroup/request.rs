@@ -146,6 +146,21 @@ pub trait Handler<R> {
     fn request_complete(&mut self, pg: &mut PollGroup<R>, req: ReqId, _status: WcStatus) {
         pg.finish(req);
     }
+    /// Called by the reactor on every poll of the group, before the group's own polling:
+    /// work of the layer above that completes outside the CQ (block-device completions,
+    /// events) is handled here; chains it posts go out at the end of the same poll. Returns
+    /// the work done (0 = idle).
+    fn poll_side(&mut self, _pg: &mut PollGroup<R>) -> usize {
+        0
+    }
+    /// The layer above has work in flight outside the CQ: the reactor must not sleep.
+    fn busy(&self) -> bool {
+        false
+    }
+    /// A qpair the layer above wants disconnected (asked after `poll_side` until None).
+    fn take_disconnect(&mut self) -> Option<u32> {
+        None
+    }
     /// The group's CQ failed: every qpair is being torn down and the group takes no more
     /// work. Its requests are reported to `aborted` as their qpairs go.
     fn group_failed(&mut self, _pg: &mut PollGroup<R>, error: &str) {
@@ -285,6 +300,49 @@ impl<R> PollGroup<R> {
             }
             _ => &mut [],
         }
+    }
+
+    /// Copies `len` bytes of `req`'s capsule, from `offset` (counted from the capsule's start),
+    /// into its data buffers in order: in-capsule data moved where block I/O can keep it
+    /// after the receive slot goes back. Returns the bytes copied (short when the capsule or
+    /// the buffers end first).
+    pub fn capsule_to_buffers(&mut self, req: ReqId, offset: usize, len: usize) -> usize {
+        let Some(r) = self.request(req) else {
+            return 0;
+        };
+        if r.slot == NO_SLOT || r.chain_in_flight() {
+            return 0;
+        }
+        let (slot, bufs, n) = (r.slot, r.bufs, r.nbufs as usize);
+        let src = self.recv.bytes(slot);
+        let mut src = src.get(offset..).unwrap_or(&[]);
+        src = &src[..len.min(src.len())];
+        let mut copied = 0;
+        for &b in &bufs[..n] {
+            if src.is_empty() {
+                break;
+            }
+            let dst = self.bufs.bytes_mut(b);
+            let take = dst.len().min(src.len());
+            dst[..take].copy_from_slice(&src[..take]);
+            src = &src[take..];
+            copied += take;
+        }
+        copied
+    }
+
+    /// Writable views of all of `req`'s buffers at once (in transfer order) into `out`, for
+    /// the layer above to lend them to block I/O as one scatter list; returns how many. Only
+    /// while no chain of `req` is in flight (nothing else touches them then).
+    pub fn buffers_mut<'a>(&'a mut self, req: ReqId, out: &mut [&'a mut [u8]]) -> usize {
+        let Some(r) = self.request(req) else {
+            return 0;
+        };
+        if r.chain_in_flight() {
+            return 0;
+        }
+        let (bufs, n) = (r.bufs, r.nbufs as usize);
+        self.bufs.many_mut(&bufs[..n], out)
     }
 
     /// Posts a chain of WRs for `req`: up to MAX_CHAIN_WRS, the last signaled. It is copied
@@ -488,6 +546,12 @@ impl<R> PollGroup<R> {
     pub fn qpair_token(&self, qp_num: u32) -> Option<u64> {
         let qref = self.lookup(qp_num)?;
         self.qpair_at(qref).map(|q| q.token)
+    }
+
+    /// The negotiated queue depth of `qp_num` (one tree lookup).
+    pub fn qpair_depth(&self, qp_num: u32) -> Option<u32> {
+        let qref = self.lookup(qp_num)?;
+        self.qpair_at(qref).map(|q| q.depth)
     }
 
     /// Send-queue WRs and RDMA READs in flight on `qp_num` now, and their high-water marks:

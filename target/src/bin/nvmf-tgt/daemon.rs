@@ -4,9 +4,9 @@
 //! I/O and disconnect their qpairs), then every file bdev is flushed to stable storage.
 //!
 //! The fabric attaches in [`attach_transport`]: the RDMA transport takes the reactor handles,
-//! and each of its poll groups gets a handler built from the target and that reactor's
-//! `ReactorIo` (the interface in `nvmf_target::nvme`). Until the request glue exists that
-//! function serves no fabric and says so in the log.
+//! and each of its poll groups gets an `NvmeHandler` built from the target and that reactor's
+//! `ReactorIo`. On stop the transport goes first (no new connections, qpairs drained, their
+//! block I/O finished), then the reactors.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,8 +15,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use nvmf_poller::{Runtime, RuntimeConfig};
 use nvmf_target::bdev::{BdevOp, IoBuf, IoStatus, Submitted};
-use nvmf_target::config::Config;
+use nvmf_target::config::{Config, Fabric, Provider};
 use nvmf_target::nvme::{ReactorIo, Target};
+use nvmf_target::rdma::{DeviceListen, PollGroupConfig, RdmaConfig, RdmaTransport};
+use nvmf_target::transport_glue::{Command, NvmeHandler};
+use nvmf_transport::{DeviceSpec, ProviderKind, SoftConfig, SoftFabric};
+use std::net::{IpAddr, SocketAddr};
 
 use crate::stats::Stats;
 
@@ -43,17 +47,98 @@ impl Signals {
     }
 }
 
-/// Start the fabric on the running reactors. See the module documentation.
+/// The transport as the daemon runs it.
+type Transport = RdmaTransport<Command, NvmeHandler>;
+
+/// The devices to serve from the `[transport]` section: a soft device per listen IP (soft
+/// devices own their address), or the first verbs device listening on every address.
+fn open_devices(config: &Config) -> Result<Vec<DeviceListen>> {
+    let t = &config.transport;
+    let listen: Vec<SocketAddr> = t.listen.get_ref().iter().map(|a| *a.get_ref()).collect();
+    let soft = || -> Result<Vec<DeviceListen>> {
+        let fabric = match t.fabric.as_ref().map(|f| *f.get_ref()).unwrap_or_default() {
+            Fabric::Tcp => SoftFabric::Tcp,
+            Fabric::Inproc => SoftFabric::InProcess,
+        };
+        let mut by_ip: Vec<DeviceListen> = Vec::new();
+        for addr in &listen {
+            let IpAddr::V4(ip) = addr.ip() else {
+                anyhow::bail!("transport.listen: {addr}: the soft provider serves IPv4 only");
+            };
+            if let Some(d) = by_ip.iter_mut().find(|d| d.listen[0].ip() == addr.ip()) {
+                d.listen.push(*addr);
+                continue;
+            }
+            let name = format!("nvmf-tgt{}-{}", std::process::id(), by_ip.len());
+            let ctx = nvmf_transport::Context::open(&DeviceSpec::Soft(SoftConfig {
+                name,
+                fabric,
+                ip,
+                ..SoftConfig::default()
+            }))
+            .with_context(|| format!("opening a soft RDMA device on {ip}"))?;
+            by_ip.push(DeviceListen {
+                ctx,
+                listen: vec![*addr],
+            });
+        }
+        Ok(by_ip)
+    };
+    let verbs = |spec: DeviceSpec| -> Result<Vec<DeviceListen>> {
+        let ctx = nvmf_transport::Context::open(&spec).context("opening the RDMA device")?;
+        Ok(vec![DeviceListen {
+            ctx,
+            listen: listen.clone(),
+        }])
+    };
+    match t.provider {
+        Provider::Soft => soft(),
+        Provider::Verbs => verbs(DeviceSpec::Verbs(None)),
+        Provider::Auto => {
+            let has_verbs = nvmf_transport::devices()
+                .map(|d| d.iter().any(|i| i.provider == ProviderKind::Verbs))
+                .unwrap_or(false);
+            if has_verbs {
+                verbs(DeviceSpec::Verbs(None))
+            } else {
+                soft()
+            }
+        }
+    }
+}
+
+/// Start the fabric on the running reactors: the RDMA transport with one [`NvmeHandler`]
+/// per poll group, each taking its reactor's `ReactorIo` (a second device's groups on the same
+/// reactor get their own).
 fn attach_transport(
     config: &Config,
-    _runtime: &Runtime,
-    _target: &Arc<Target>,
-    _io: Vec<ReactorIo>,
-) {
-    tracing::warn!(
-        listen = ?config.transport.listen.get_ref().iter().map(|a| *a.get_ref()).collect::<Vec<_>>(),
-        "the RDMA request path is not attached in this build: no fabric is served"
-    );
+    runtime: &Runtime,
+    target: &Arc<Target>,
+    io: Vec<ReactorIo>,
+) -> Result<Transport> {
+    let t = &config.transport;
+    let devices = open_devices(config)?;
+    let mut rdma = RdmaConfig::new(devices);
+    rdma.group = PollGroupConfig {
+        srq_depth: *t.srq_depth.get_ref(),
+        max_queue_depth: (*t.max_queue_depth.get_ref()).max(*t.max_aq_depth.get_ref()),
+        in_capsule_data_size: *t.in_capsule_data_size.get_ref(),
+        io_unit_size: *t.io_unit_size.get_ref(),
+        data_buffers: *t.data_buffers.get_ref(),
+        ..PollGroupConfig::default()
+    };
+    rdma.max_qid = target.limits().max_io_queues;
+    let mut io: Vec<Option<ReactorIo>> = io.into_iter().map(Some).collect();
+    let transport = RdmaTransport::start(runtime.reactors(), rdma, |info| {
+        let io = io
+            .get_mut(info.reactor)
+            .and_then(Option::take)
+            .unwrap_or_else(|| ReactorIo::new(target.clone()));
+        NvmeHandler::new(target.clone(), io)
+    })
+    .context("starting the RDMA transport")?;
+    tracing::info!(listening = ?transport.listening(), "serving NVMe-oF over RDMA");
+    Ok(transport)
 }
 
 /// Run until a stop signal.
@@ -87,7 +172,13 @@ pub fn run(config: &Config) -> Result<()> {
             })
             .context("keep-alive timer")?;
     }
-    attach_transport(config, &runtime, &target, io);
+    let transport = match attach_transport(config, &runtime, &target, io) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = runtime.stop();
+            return Err(e);
+        }
+    };
     tracing::info!(reactors = runtime.reactors().len(), "nvmf-tgt running");
 
     let interval = Duration::from_millis(config.daemon.stats_interval_ms.max(100));
@@ -110,8 +201,11 @@ pub fn run(config: &Config) -> Result<()> {
         std::thread::sleep(SIGNAL_POLL);
     }
 
-    tracing::info!("stopping: draining reactors");
+    tracing::info!("stopping: disconnecting hosts, draining qpairs");
     let started = Instant::now();
+    if let Err(e) = transport.stop(shutdown) {
+        tracing::warn!("stopping the transport: {e}");
+    }
     let reactor_stats = runtime.stop().context("stopping reactors")?;
     if reactor_stats.iter().any(|s| s.drain_timed_out) {
         tracing::warn!("some reactors did not drain within {shutdown:?}");

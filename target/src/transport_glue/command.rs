@@ -1,0 +1,79 @@
+//! [`Command`]: the target's own state of one request (the poll group's `Request::user`), and
+//! its life as an explicit enum, SPDK's request states made explicit:
+//!
+//! ```text
+//! New -> NeedBuffer -> ReadingData -> Executing -> Responding -> Completed
+//!  |        |  (keyed host-to-controller data is RDMA READ in ReadingData)   ^
+//!  |        `-- no data to read: straight to Executing                       |
+//!  `-- malformed SGL (status from the plan): straight to Responding ---------'
+//! ```
+//!
+//! Every transition goes through [`Command::enter`], which is the trace point
+//! (`nvmf_target::request` target, TRACE level).
+
+use nvmf_protocol::{Cqe, Sqe};
+
+use crate::nvme::xfer::Plan;
+
+/// Where a command is in its life. See the module documentation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CommandState {
+    /// The capsule arrived; nothing decided yet.
+    #[default]
+    New,
+    /// Waiting for data buffers (FIFO in the poll group).
+    NeedBuffer,
+    /// RDMA READs of the host's data in flight.
+    ReadingData,
+    /// With the NVMe layer: executing, or a block-device I/O or an event pending.
+    Executing,
+    /// The response chain (RDMA WRITEs + SEND) is posted.
+    Responding,
+    /// Finished: the request object went back.
+    Completed,
+}
+
+/// The target's state of one request.
+#[derive(Debug, Default)]
+pub struct Command {
+    state: CommandState,
+    /// The submission queue entry (copied out of the capsule so its slot goes back early).
+    pub sqe: Sqe,
+    /// The data plan (None before it is made, or when the SGL was refused).
+    pub plan: Option<Plan>,
+    /// The answer, once known.
+    pub cqe: Option<Cqe>,
+    /// The tag of its pending completion (block-device I/O or event), while Executing.
+    pub pending_tag: Option<usize>,
+    /// The pending completion is an event (Asynchronous Event Request), not block I/O.
+    pub pending_event: bool,
+    /// Its qpair went while it was executing: finish when the completion comes back.
+    pub orphaned: bool,
+}
+
+impl Command {
+    /// Where it is.
+    pub fn state(&self) -> CommandState {
+        self.state
+    }
+
+    /// Moves to `next`: the one trace point of the request life.
+    pub fn enter(&mut self, next: CommandState, qp_num: u32, request: u32) {
+        tracing::trace!(
+            target: "nvmf_target::request",
+            qp_num,
+            request,
+            cid = self.sqe.cid,
+            opcode = self.sqe.opcode,
+            from = ?self.state,
+            to = ?next,
+            "request state"
+        );
+        self.state = next;
+    }
+
+    /// Back to a blank state for a new capsule (request objects are reused).
+    pub fn reset(&mut self) {
+        *self = Command::default();
+    }
+}

@@ -1,0 +1,561 @@
+//! [`NvmeHandler`]: the poll-group handler of one group, joining the RDMA request path to the
+//! NVMe layer. It owns the group's [`ReactorIo`] (block-device channels and in-flight I/O of
+//! this reactor), the NVMe [`Queue`] of each qpair (by qp_num), the table of pending
+//! completions (tag -> request), and the registered memory the 16-byte responses are sent
+//! from. It drives each request through [`CommandState`] (see `command.rs`).
+//!
+//! In-capsule data is copied from the receive slot into the request's data buffers: the slot
+//! goes back to the SRQ as soon as the capsule is parsed and the poll group lends capsule
+//! bytes read-only, while block I/O may hold its data past that (an asynchronous device
+//! writes from it after `submit` returns).
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use nvmf_protocol::sqe::{AdminOpcode, SQE_SIZE};
+use nvmf_protocol::{Cqe, Sqe};
+use nvmf_transport::pollgroup::{
+    BufferGrant, ChainWr, Handler, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_REQUEST_BUFFERS, PollGroup,
+    QpairEvent, ReqId, WrKind,
+};
+use nvmf_transport::{Access, Mr, SendOp, Sge, WcStatus};
+use slab::Slab;
+
+use crate::bdev::IoBuf;
+use crate::nvme::status::INTERNAL_ERROR;
+use crate::nvme::xfer::{self, Keyed, Placement};
+use crate::nvme::{Direction, Exec, Queue, ReactorIo, Target};
+
+use super::command::{Command, CommandState};
+use super::sges;
+
+/// Bytes of one response (a CQE) in the response region.
+const RESPONSE_SIZE: usize = 16;
+/// Polls between looks at the slow things: AER events, torn-down controllers.
+const SLOW_EVERY: u64 = 256;
+
+/// The NVMe side of one qpair.
+struct QueueSlot {
+    queue: Queue,
+    /// Block-device I/O of this queue in flight (the queue is dropped after the last).
+    in_flight: u32,
+    /// The qpair is gone: drop the queue when `in_flight` reaches 0.
+    gone: bool,
+    /// Asked for a disconnect already.
+    disconnecting: bool,
+}
+
+/// One group's handler. See the module documentation.
+pub struct NvmeHandler {
+    target: Arc<Target>,
+    io: ReactorIo,
+    queues: HashMap<u32, QueueSlot>,
+    /// Pending completions: tag -> request.
+    pending: Slab<ReqId>,
+    /// One response slot per request object, by request index (registered on first use, on
+    /// the group's protection domain).
+    responses: Option<Mr>,
+    disconnects: Vec<u32>,
+    /// Completions reaped in one poll (capacity kept).
+    completions: Vec<(u64, Cqe)>,
+    polls: u64,
+}
+
+impl NvmeHandler {
+    /// A handler for a group on the reactor `io` belongs to.
+    pub fn new(target: Arc<Target>, io: ReactorIo) -> NvmeHandler {
+        NvmeHandler {
+            target,
+            io,
+            queues: HashMap::new(),
+            pending: Slab::new(),
+            responses: None,
+            disconnects: Vec::new(),
+            completions: Vec::new(),
+            polls: 0,
+        }
+    }
+
+    /// This group's block-device context (its counters feed the statistics).
+    pub fn io(&self) -> &ReactorIo {
+        &self.io
+    }
+
+    /// NVMe queues alive on this group (gone qpairs with I/O still in flight included).
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// Completions pending (block-device I/O and Asynchronous Event Requests).
+    pub fn pending_count(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn ensure_queue(&mut self, pg: &mut PollGroup<Command>, qp_num: u32) {
+        if self.queues.contains_key(&qp_num) {
+            return;
+        }
+        let depth = pg
+            .qpair_depth(qp_num)
+            .unwrap_or(pg.config().max_queue_depth);
+        let listener = pg
+            .with_cm_id(qp_num, |id| Ok(id.local_addr()))
+            .ok()
+            .flatten()
+            .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+        let queue = Queue::new(self.target.clone(), &mut self.io, listener, depth);
+        tracing::debug!(qp_num, %listener, depth, "NVMe queue created");
+        self.queues.insert(
+            qp_num,
+            QueueSlot {
+                queue,
+                in_flight: 0,
+                gone: false,
+                disconnecting: false,
+            },
+        );
+        if self.pending.capacity() == 0 {
+            // Sized once: no growth on the I/O path.
+            let n = pg.config().max_requests as usize;
+            self.pending.reserve(n);
+            self.completions.reserve(n);
+        }
+    }
+
+    fn enter(pg: &mut PollGroup<Command>, req: ReqId, next: CommandState) {
+        if let Some(r) = pg.request_mut(req) {
+            let qp_num = r.qp_num();
+            r.user.enter(next, qp_num, req.index());
+        }
+    }
+
+    fn finish(pg: &mut PollGroup<Command>, req: ReqId) {
+        Self::enter(pg, req, CommandState::Completed);
+        pg.finish(req);
+    }
+
+    /// After the capsule is parsed: buffers, then data in, then execution.
+    fn start(&mut self, pg: &mut PollGroup<Command>, req: ReqId, qp_num: u32) {
+        let bytes = pg.capsule(req);
+        let Ok(sqe) = Sqe::decode(bytes) else {
+            // Too short to carry a CID: nothing to answer. The host broke the protocol.
+            tracing::warn!(qp_num, len = bytes.len(), "capsule shorter than an SQE");
+            Self::finish(pg, req);
+            self.disconnects.push(qp_num);
+            return;
+        };
+        let plan = xfer::plan(&sqe, &bytes[SQE_SIZE..], self.target.limits());
+        if let Some(r) = pg.request_mut(req) {
+            r.user.sqe = sqe;
+        }
+        let plan = match plan {
+            Ok(p) => p,
+            Err(status) => {
+                pg.release_capsule(req);
+                let Some(slot) = self.queues.get_mut(&qp_num) else {
+                    Self::finish(pg, req);
+                    return;
+                };
+                let cqe = slot.queue.reject(&sqe, status);
+                self.respond(pg, req, cqe);
+                return;
+            }
+        };
+        if let Some(r) = pg.request_mut(req) {
+            r.user.plan = Some(plan);
+        }
+        if plan.length == 0 {
+            pg.release_capsule(req);
+            self.execute(pg, req);
+            return;
+        }
+        Self::enter(pg, req, CommandState::NeedBuffer);
+        match pg.alloc_buffers(req, plan.length) {
+            Ok(BufferGrant::Ready) => self.have_buffers(pg, req),
+            Ok(BufferGrant::Waiting) => {}
+            Err(e) => {
+                tracing::warn!(qp_num, error = %e, "no buffers for a command");
+                pg.release_capsule(req);
+                self.fail(pg, req, qp_num, INTERNAL_ERROR);
+            }
+        }
+    }
+
+    /// Answers `req` with `status`, nothing executed.
+    fn fail(
+        &mut self,
+        pg: &mut PollGroup<Command>,
+        req: ReqId,
+        qp_num: u32,
+        status: nvmf_protocol::Status,
+    ) {
+        let sqe = pg.request(req).map(|r| r.user.sqe).unwrap_or_default();
+        match self.queues.get_mut(&qp_num) {
+            Some(slot) => {
+                let cqe = slot.queue.reject(&sqe, status);
+                self.respond(pg, req, cqe);
+            }
+            None => Self::finish(pg, req),
+        }
+    }
+
+    /// The request holds its data buffers: move host data in, or execute.
+    fn have_buffers(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
+        let Some(r) = pg.request(req) else {
+            return;
+        };
+        let qp_num = r.qp_num();
+        let Some(plan) = r.user.plan else {
+            return;
+        };
+        match (plan.direction, plan.placement) {
+            (Direction::HostToController, Placement::InCapsule { offset, length }) => {
+                let at = SQE_SIZE + offset as usize;
+                let copied = pg.capsule_to_buffers(req, at, length as usize);
+                pg.release_capsule(req);
+                if copied != length as usize {
+                    self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                    return;
+                }
+                self.execute(pg, req);
+            }
+            (Direction::HostToController, Placement::Keyed { list, count }) => {
+                pg.release_capsule(req);
+                Self::enter(pg, req, CommandState::ReadingData);
+                let posted = self.post_transfer(pg, req, plan.length, &list[..count], None);
+                if let Err(e) = posted {
+                    tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
+                    self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                }
+            }
+            _ => {
+                pg.release_capsule(req);
+                self.execute(pg, req);
+            }
+        }
+    }
+
+    /// Posts one RDMA READ (no `send`) or WRITE (with the response `send`) per keyed
+    /// descriptor over the request's buffers, and the response SEND last when given.
+    fn post_transfer(
+        &mut self,
+        pg: &mut PollGroup<Command>,
+        req: ReqId,
+        length: u32,
+        keyed: &[Keyed],
+        send: Option<(SendOp, Sge)>,
+    ) -> Result<(), String> {
+        let mut units = [Sge::default(); MAX_REQUEST_BUFFERS];
+        let nunits = pg.buffer_sges(req, length, &mut units);
+        let mut pieces = [Sge::default(); MAX_CHAIN_SGES];
+        let mut ranges = [(0usize, 0usize); MAX_CHAIN_WRS];
+        let mut used = 0usize;
+        let mut offset = 0u32;
+        for (i, k) in keyed.iter().enumerate() {
+            let n = sges::slice(&units[..nunits], offset, k.length, &mut pieces[used..])
+                .ok_or("the transfer needs more SGEs than a chain holds")?;
+            ranges[i] = (used, used + n);
+            used += n;
+            offset += k.length;
+        }
+        let mut send_sge = [Sge::default(); 1];
+        let mut chain = [ChainWr {
+            op: SendOp::Send,
+            sges: &[],
+            inline: false,
+        }; MAX_CHAIN_WRS];
+        let mut len = 0;
+        for (i, k) in keyed.iter().enumerate() {
+            let op = if send.is_some() {
+                SendOp::RdmaWrite {
+                    remote_addr: k.address,
+                    rkey: k.key,
+                }
+            } else {
+                SendOp::RdmaRead {
+                    remote_addr: k.address,
+                    rkey: k.key,
+                }
+            };
+            chain[len] = ChainWr {
+                op,
+                sges: &pieces[ranges[i].0..ranges[i].1],
+                inline: false,
+            };
+            len += 1;
+        }
+        if let Some((op, sge)) = send {
+            send_sge[0] = sge;
+            chain[len] = ChainWr {
+                op,
+                sges: &send_sge,
+                inline: true,
+            };
+            len += 1;
+        }
+        let answers = send.is_some();
+        pg.post_chain(req, &chain[..len], answers)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Hands the command to the NVMe layer.
+    fn execute(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
+        let Some(r) = pg.request(req) else {
+            return;
+        };
+        let qp_num = r.qp_num();
+        let (sqe, length) = (r.user.sqe, r.user.plan.map_or(0, |p| p.length));
+        Self::enter(pg, req, CommandState::Executing);
+        let Some(slot) = self.queues.get_mut(&qp_num) else {
+            Self::finish(pg, req);
+            return;
+        };
+        let event =
+            slot.queue.qid() == Some(0) && sqe.opcode == AdminOpcode::AsyncEventRequest.raw();
+        let entry = self.pending.vacant_entry();
+        let tag = entry.key();
+        let exec = {
+            let mut segs: [&mut [u8]; MAX_REQUEST_BUFFERS] = Default::default();
+            let n = if length > 0 {
+                pg.buffers_mut(req, &mut segs)
+            } else {
+                0
+            };
+            let mut data = IoBuf::new(&mut segs[..n]);
+            data.truncate(length as usize);
+            slot.queue
+                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now())
+        };
+        match exec {
+            Exec::Done(cqe) => self.respond(pg, req, cqe),
+            Exec::Pending => {
+                entry.insert(req);
+                if !event {
+                    slot.in_flight += 1;
+                }
+                if let Some(r) = pg.request_mut(req) {
+                    r.user.pending_tag = Some(tag);
+                    r.user.pending_event = event;
+                }
+            }
+        }
+    }
+
+    /// Sends `cqe` for `req`: RDMA WRITEs of its data first when it returns data.
+    fn respond(&mut self, pg: &mut PollGroup<Command>, req: ReqId, cqe: Cqe) {
+        let Some(r) = pg.request(req) else {
+            return;
+        };
+        let qp_num = r.qp_num();
+        let plan = r.user.plan;
+        if self.responses.is_none() {
+            let len = pg.config().max_requests as usize * RESPONSE_SIZE;
+            match pg.pd().alloc_mr(len, Access::LOCAL_WRITE) {
+                Ok(mr) => self.responses = Some(mr),
+                Err(e) => {
+                    tracing::error!(error = %e, "registering the response region failed");
+                    Self::finish(pg, req);
+                    self.disconnects.push(qp_num);
+                    return;
+                }
+            }
+        }
+        let Some(responses) = self.responses.as_ref() else {
+            return;
+        };
+        let at = req.index() as usize * RESPONSE_SIZE;
+        if let Err(e) = responses.write_at(at, &cqe.to_bytes()) {
+            tracing::error!(error = %e, "writing a response failed");
+            Self::finish(pg, req);
+            return;
+        }
+        let sge = responses.sge(at, RESPONSE_SIZE as u32);
+        if let Some(r) = pg.request_mut(req) {
+            r.user.cqe = Some(cqe);
+        }
+        let (keyed, count) = match plan.map(|p| p.placement) {
+            Some(Placement::Keyed { list, count }) => (list, count),
+            _ => (
+                [Keyed {
+                    address: 0,
+                    length: 0,
+                    key: 0,
+                    invalidate: false,
+                }; xfer::MAX_KEYED],
+                0,
+            ),
+        };
+        // The host asked for its key to be invalidated with the response.
+        let send_op = match keyed[..count].iter().find(|k| k.invalidate) {
+            Some(k) => SendOp::SendWithInv { rkey: k.key },
+            None => SendOp::Send,
+        };
+        let writes = match plan {
+            Some(p) if p.direction == Direction::ControllerToHost && cqe.status.is_success() => {
+                &keyed[..count]
+            }
+            _ => &keyed[..0],
+        };
+        let length = writes.iter().map(|k| k.length).sum();
+        Self::enter(pg, req, CommandState::Responding);
+        if let Err(e) = self.post_transfer(pg, req, length, writes, Some((send_op, sge))) {
+            tracing::warn!(qp_num, error = %e, "posting the response failed");
+            Self::finish(pg, req);
+            self.disconnects.push(qp_num);
+        }
+    }
+
+    /// A pending completion (block device or event) came back under `tag`.
+    fn complete(&mut self, pg: &mut PollGroup<Command>, tag: u64, cqe: Cqe) {
+        let Some(req) = self.pending.try_remove(tag as usize) else {
+            return;
+        };
+        let Some(r) = pg.request_mut(req) else {
+            return;
+        };
+        let qp_num = r.qp_num();
+        let (orphaned, event) = (r.user.orphaned, r.user.pending_event);
+        r.user.pending_tag = None;
+        if !event {
+            if let Some(slot) = self.queues.get_mut(&qp_num) {
+                slot.in_flight = slot.in_flight.saturating_sub(1);
+                if slot.gone && slot.in_flight == 0 {
+                    self.queues.remove(&qp_num);
+                    tracing::debug!(qp_num, "NVMe queue dropped after its last I/O");
+                }
+            }
+        }
+        if orphaned {
+            Self::finish(pg, req);
+        } else {
+            self.respond(pg, req, cqe);
+        }
+    }
+
+    fn check_disconnect(&mut self, qp_num: u32) {
+        if let Some(slot) = self.queues.get_mut(&qp_num) {
+            if !slot.gone && !slot.disconnecting && slot.queue.should_disconnect() {
+                slot.disconnecting = true;
+                self.disconnects.push(qp_num);
+            }
+        }
+    }
+}
+
+impl Handler<Command> for NvmeHandler {
+    fn capsule(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
+        let Some(qp_num) = pg.request(req).map(|r| r.qp_num()) else {
+            return;
+        };
+        self.ensure_queue(pg, qp_num);
+        Self::enter(pg, req, CommandState::New);
+        self.start(pg, req, qp_num);
+    }
+
+    fn chain_done(
+        &mut self,
+        pg: &mut PollGroup<Command>,
+        req: ReqId,
+        last: WrKind,
+        status: WcStatus,
+    ) {
+        let Some(qp_num) = pg.request(req).map(|r| r.qp_num()) else {
+            return;
+        };
+        if last == WrKind::Read && status == WcStatus::Success {
+            self.execute(pg, req);
+            return;
+        }
+        if status != WcStatus::Success {
+            // The qpair drains on the error completion; the request just ends.
+            tracing::debug!(qp_num, ?last, ?status, "a request's chain failed");
+        }
+        Self::finish(pg, req);
+        self.check_disconnect(qp_num);
+    }
+
+    fn qpair_event(
+        &mut self,
+        pg: &mut PollGroup<Command>,
+        qp_num: u32,
+        _token: u64,
+        event: QpairEvent,
+    ) {
+        match event {
+            QpairEvent::Active => self.ensure_queue(pg, qp_num),
+            QpairEvent::Draining(reason) => {
+                tracing::debug!(qp_num, ?reason, "qpair draining");
+            }
+            QpairEvent::Gone { forced } => {
+                if let Some(slot) = self.queues.get_mut(&qp_num) {
+                    slot.gone = true;
+                    if slot.in_flight == 0 {
+                        self.queues.remove(&qp_num);
+                    }
+                }
+                tracing::debug!(qp_num, forced, "qpair gone");
+            }
+        }
+    }
+
+    fn aborted(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
+        let Some(r) = pg.request_mut(req) else {
+            return;
+        };
+        match (r.user.pending_tag, r.user.pending_event) {
+            // Block I/O still owns the buffers: finish when it completes.
+            (Some(_), false) => r.user.orphaned = true,
+            (Some(tag), true) => {
+                self.pending.try_remove(tag);
+                Self::finish(pg, req);
+            }
+            (None, _) => Self::finish(pg, req),
+        }
+    }
+
+    fn buffers_ready(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
+        self.have_buffers(pg, req);
+    }
+
+    fn poll_side(&mut self, pg: &mut PollGroup<Command>) -> usize {
+        self.polls = self.polls.wrapping_add(1);
+        let mut done = std::mem::take(&mut self.completions);
+        let mut n = 0;
+        if self.io.in_flight() > 0 {
+            n += self.io.poll(&mut |tag, cqe| done.push((tag, cqe)));
+        }
+        if self.polls % SLOW_EVERY == 0 {
+            for slot in self.queues.values_mut() {
+                if slot.queue.qid() == Some(0) && !slot.gone {
+                    n += slot
+                        .queue
+                        .poll_events(&mut |tag, cqe| done.push((tag, cqe)));
+                }
+            }
+            let doomed: Vec<u32> = self
+                .queues
+                .iter()
+                .filter(|(_, s)| !s.gone && !s.disconnecting && s.queue.should_disconnect())
+                .map(|(&q, _)| q)
+                .collect();
+            for q in doomed {
+                self.check_disconnect(q);
+            }
+        }
+        for (tag, cqe) in done.drain(..) {
+            self.complete(pg, tag, cqe);
+        }
+        self.completions = done;
+        n
+    }
+
+    fn busy(&self) -> bool {
+        self.io.in_flight() > 0
+    }
+
+    fn take_disconnect(&mut self) -> Option<u32> {
+        self.disconnects.pop()
+    }
+}
