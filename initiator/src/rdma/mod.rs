@@ -211,6 +211,7 @@ impl Fabric for RdmaFabric {
             depth: (crqsize as u32).clamp(1, depth) as u16,
             in_capsule_limit: params.in_capsule_data,
             disconnected: false,
+            idle_polls: 0,
         })
     }
 }

@@ -169,7 +169,12 @@ pub struct RdmaQueue {
     pub(super) depth: u16,
     pub(super) in_capsule_limit: usize,
     pub(super) disconnected: bool,
+    /// Polls that found nothing (paces the CM channel checks).
+    pub(super) idle_polls: u32,
 }
+
+/// Idle polls between two looks at the CM channel.
+const CM_CHECK_EVERY: u32 = 64;
 
 // The poll group and CM channel are driven by one thread at a time (the owning reactor); the
 // queue moves between threads only whole.
@@ -345,8 +350,13 @@ impl HostQueue for RdmaQueue {
             if let Err(e) = self.pg.poll(&mut self.side) {
                 self.side.lose(format!("poll: {e}"));
             }
+            // Idle polls look at the CM channel now and then (a syscall on verbs): a peer's
+            // disconnect usually shows first as flushed work on the CQ anyway.
             if self.side.done.is_empty() {
-                self.cm_events();
+                self.idle_polls = self.idle_polls.wrapping_add(1);
+                if self.idle_polls % CM_CHECK_EVERY == 0 {
+                    self.cm_events();
+                }
             }
         }
         self.check()?;
