@@ -1,6 +1,6 @@
 //! Command-line pieces both tools share: where to connect (clap `Args`), size and core-list
-//! parsing, and the in-process loopback target the tools can run against until the RDMA glue
-//! lands.
+//! parsing, and the in-process loopback target the tools can also run against (tests, demos
+//! without a target).
 
 use std::time::Duration;
 
