@@ -1,4 +1,5 @@
-//! The initiator against the real target in one process, over the in-process soft RDMA fabric:
+//! The initiator against the real target in one process, over the soft RDMA fabrics (in-process
+//! and TCP):
 //! nvmf-rs host (controller bring-up, block API, nvmf-perf's verified engine on two reactors)
 //! to nvmf-rs target (RDMA transport on two reactors, the NVMe layer, a malloc bdev).
 
@@ -22,9 +23,8 @@ use nvmf_target::transport_glue::NvmeHandler;
 use nvmf_transport::{Context, DeviceSpec, SoftConfig, SoftFabric};
 
 const NQN: &str = "nqn.2016-06.io.nvmf-rs:e2e";
-const IP: Ipv4Addr = Ipv4Addr::new(127, 0, 9, 2);
 
-fn config() -> Config {
+fn config(ip: Ipv4Addr) -> Config {
     let text = format!(
         r#"
 [reactors]
@@ -33,7 +33,7 @@ cores = [0, 1]
 [transport]
 provider = "soft"
 fabric = "inproc"
-listen = ["{IP}:4420"]
+listen = ["{ip}:4420"]
 
 [[bdev]]
 name = "malloc0"
@@ -56,8 +56,17 @@ bdev = "malloc0"
 }
 
 #[test]
-fn host_and_target_in_one_process_move_verified_data() {
-    let config = config();
+fn in_process_fabric_moves_verified_data() {
+    host_and_target_move_verified_data(SoftFabric::InProcess, "soft", Ipv4Addr::new(127, 0, 9, 2));
+}
+
+#[test]
+fn tcp_fabric_moves_verified_data() {
+    host_and_target_move_verified_data(SoftFabric::Tcp, "soft-tcp", Ipv4Addr::new(127, 0, 9, 3));
+}
+
+fn host_and_target_move_verified_data(fabric_kind: SoftFabric, transport_name: &str, ip: Ipv4Addr) {
+    let config = config(ip);
     let target = Arc::new(Target::from_config(&config).expect("target"));
     let runtime = Runtime::start(RuntimeConfig {
         cores: vec![0, 1],
@@ -66,13 +75,13 @@ fn host_and_target_in_one_process_move_verified_data() {
     })
     .expect("target reactors");
     let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
-        name: format!("e2e-tgt{}", std::process::id()),
-        fabric: SoftFabric::InProcess,
-        ip: IP,
+        name: format!("e2e-tgt{}-{transport_name}", std::process::id()),
+        fabric: fabric_kind,
+        ip,
         ..SoftConfig::default()
     }))
     .expect("soft device");
-    let addr = SocketAddr::new(IpAddr::V4(IP), 4420);
+    let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
     let mut rdma = RdmaConfig::new(vec![DeviceListen {
         ctx,
         listen: vec![addr],
@@ -85,8 +94,8 @@ fn host_and_target_in_one_process_move_verified_data() {
     .expect("RDMA transport");
 
     let address = TransportAddress {
-        transport: "soft".into(),
-        address: IP.to_string(),
+        transport: transport_name.into(),
+        address: ip.to_string(),
         service: "4420".into(),
     };
     let mut options = ControllerOptions::new(
@@ -97,7 +106,7 @@ fn host_and_target_in_one_process_move_verified_data() {
     options.io_queues = 2;
     options.io_queue_depth = 32;
     options.reconnect = ReconnectPolicy::never();
-    let fabric = RdmaFabric::new("soft", None).expect("fabric");
+    let fabric = RdmaFabric::new(transport_name, None).expect("fabric");
     let controller = Controller::connect(
         fabric.clone(),
         address.clone(),
