@@ -33,7 +33,8 @@ use crate::queue::{DataRegion, HostQueue, QueueError};
 /// What the queue remembers about one command in flight (the poll group's per-request state).
 #[derive(Debug, Default, Clone)]
 pub(super) struct HostCommand {
-    /// Region bytes the target may write for this command (copied back at completion).
+    /// Region bytes the target may write for this command (copied back at completion; None
+    /// for commands that only send data).
     pub(super) data: Option<Range<usize>>,
     /// The response, once it arrived (reported when the SEND completed too).
     pub(super) cqe: Option<Cqe>,
@@ -251,6 +252,19 @@ impl RdmaQueue {
     }
 }
 
+/// Which ways a command's data moves: (host to target, target to host), from the opcode's
+/// data-transfer bits (1:0). Fabrics commands and opcodes that claim no data but carry a
+/// keyed SGL anyway copy both ways: a wasted copy, never a lost byte.
+fn directions(sqe: &Sqe) -> (bool, bool) {
+    const FABRICS: u8 = 0x7f;
+    match sqe.opcode & 3 {
+        _ if sqe.opcode == FABRICS => (true, true),
+        0b01 => (true, false),
+        0b10 => (false, true),
+        _ => (true, true),
+    }
+}
+
 impl HostQueue for RdmaQueue {
     fn qid(&self) -> u16 {
         self.side.qid
@@ -291,7 +305,9 @@ impl HostQueue for RdmaQueue {
                 sqe.cid
             )));
         }
-        let data = self.keyed_range(sqe)?;
+        let region = self.keyed_range(sqe)?;
+        let (to_target, from_target) = directions(sqe);
+        let data = region.clone().filter(|_| from_target);
         let req = match self.pg.submit(self.handle) {
             Ok(r) => r,
             Err(TransportError::QueueFull(_)) => return Err(QueueError::Full),
@@ -309,12 +325,8 @@ impl HostQueue for RdmaQueue {
                 return Err(QueueError::Full);
             }
         }
-        if let Some(range) = &data {
-            if let Err(e) = self
-                .side
-                .mr
-                .write_at(range.start, &self.side.host[range.clone()])
-            {
+        if let Some(range) = region.filter(|_| to_target) {
+            if let Err(e) = self.side.mr.write_at(range.start, &self.side.host[range]) {
                 self.pg.finish(req);
                 return Err(QueueError::Invalid(format!("copy to the region: {e}")));
             }
@@ -396,5 +408,21 @@ impl HostQueue for RdmaQueue {
 impl Drop for RdmaQueue {
     fn drop(&mut self) {
         self.disconnect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_directions_follow_the_opcode() {
+        let dir = |opcode| directions(&Sqe::new(opcode, 1, 1));
+        assert_eq!(dir(0x01), (true, false), "Write");
+        assert_eq!(dir(0x02), (false, true), "Read");
+        assert_eq!(dir(0x06), (false, true), "Identify");
+        assert_eq!(dir(0x09), (true, false), "Set Features");
+        assert_eq!(dir(0x7f), (true, true), "Fabrics");
+        assert_eq!(dir(0x00), (true, true), "no data claimed");
     }
 }
