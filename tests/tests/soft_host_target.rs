@@ -55,6 +55,22 @@ bdev = "malloc0"
     Config::parse(&text, "e2e.toml").unwrap_or_else(|e| panic!("{:?}", e.0))
 }
 
+type Transport = RdmaTransport<nvmf_target::transport_glue::Command, NvmeHandler>;
+
+/// The target's RDMA transport on `runtime`, serving `target` at `addr` of `ctx`.
+fn serve(runtime: &Runtime, target: &Arc<Target>, ctx: &Context, addr: SocketAddr) -> Transport {
+    let mut rdma = RdmaConfig::new(vec![DeviceListen {
+        ctx: ctx.clone(),
+        listen: vec![addr],
+    }]);
+    rdma.max_qid = target.limits().max_io_queues;
+    let t = target.clone();
+    RdmaTransport::start(runtime.reactors(), rdma, move |_| {
+        NvmeHandler::new(t.clone(), ReactorIo::new(t.clone()))
+    })
+    .expect("RDMA transport")
+}
+
 #[test]
 fn in_process_fabric_moves_verified_data() {
     host_and_target_move_verified_data(SoftFabric::InProcess, "soft", Ipv4Addr::new(127, 0, 9, 2));
@@ -82,16 +98,7 @@ fn host_and_target_move_verified_data(fabric_kind: SoftFabric, transport_name: &
     }))
     .expect("soft device");
     let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
-    let mut rdma = RdmaConfig::new(vec![DeviceListen {
-        ctx,
-        listen: vec![addr],
-    }]);
-    rdma.max_qid = target.limits().max_io_queues;
-    let t = target.clone();
-    let transport = RdmaTransport::start(runtime.reactors(), rdma, move |_| {
-        NvmeHandler::new(t.clone(), ReactorIo::new(t.clone()))
-    })
-    .expect("RDMA transport");
+    let transport = serve(&runtime, &target, &ctx, addr);
 
     let address = TransportAddress {
         transport: transport_name.into(),
@@ -154,6 +161,71 @@ fn host_and_target_move_verified_data(fabric_kind: SoftFabric, transport_name: &
     let report = run(&mut controller, &cfg, |_| {}).expect("perf run");
     assert!(report.passed(), "{}", report.to_text());
     assert!(report.total.ios > 0);
+    controller.shutdown().expect("clean shutdown");
+    transport
+        .stop(Duration::from_secs(5))
+        .expect("transport stop");
+    runtime.stop().expect("reactors stop");
+}
+
+#[test]
+fn the_host_reconnects_after_the_target_restarts_and_reads_its_data() {
+    let ip = Ipv4Addr::new(127, 0, 9, 4);
+    let target = Arc::new(Target::from_config(&config(ip)).expect("target"));
+    let runtime = Runtime::start(RuntimeConfig {
+        cores: vec![0, 1],
+        pin: false,
+        ..RuntimeConfig::default()
+    })
+    .expect("target reactors");
+    let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+        name: format!("e2e-restart{}", std::process::id()),
+        fabric: SoftFabric::InProcess,
+        ip,
+        ..SoftConfig::default()
+    }))
+    .expect("soft device");
+    let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
+    let transport = serve(&runtime, &target, &ctx, addr);
+    let mut options = ControllerOptions::new(
+        NQN,
+        "nqn.2014-08.org.nvmexpress:uuid:07070707-0707-0707-0707-070707070708",
+        [8; 16],
+    );
+    options.reconnect = ReconnectPolicy {
+        reconnect_delay: Duration::from_millis(200),
+        ctrl_loss_timeout: Some(Duration::from_secs(30)),
+        fast_io_fail: None,
+    };
+    let address = TransportAddress {
+        transport: "soft".into(),
+        address: ip.to_string(),
+        service: "4420".into(),
+    };
+    let fabric = RdmaFabric::new("soft", None).expect("fabric");
+    let controller =
+        Controller::connect(fabric, address, options, Arc::new(SystemClock)).expect("controller");
+    let mut block = BlockDevice::new(controller, 1).expect("block device");
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 253) as u8).collect();
+    block.write_at(4096, &data).expect("write");
+    block.flush().expect("flush");
+
+    // The fabric goes away (every connection dropped) and comes back on the same address.
+    transport
+        .stop(Duration::from_secs(5))
+        .expect("transport stop");
+    let transport = serve(&runtime, &target, &ctx, addr);
+
+    let mut back = vec![0; data.len()];
+    block
+        .read_at(4096, &mut back)
+        .expect("read after the restart");
+    assert_eq!(back, data);
+    assert!(
+        block.controller().reconnects() >= 1,
+        "the loss went unnoticed"
+    );
+    let mut controller = block.into_controller();
     controller.shutdown().expect("clean shutdown");
     transport
         .stop(Duration::from_secs(5))
