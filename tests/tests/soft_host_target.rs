@@ -73,15 +73,41 @@ fn serve(runtime: &Runtime, target: &Arc<Target>, ctx: &Context, addr: SocketAdd
 
 #[test]
 fn in_process_fabric_moves_verified_data() {
-    host_and_target_move_verified_data(SoftFabric::InProcess, "soft", Ipv4Addr::new(127, 0, 9, 2));
+    host_and_target_move_verified_data(
+        SoftFabric::InProcess,
+        "soft",
+        Ipv4Addr::new(127, 0, 9, 2),
+        false,
+    );
 }
 
 #[test]
 fn tcp_fabric_moves_verified_data() {
-    host_and_target_move_verified_data(SoftFabric::Tcp, "soft-tcp", Ipv4Addr::new(127, 0, 9, 3));
+    host_and_target_move_verified_data(
+        SoftFabric::Tcp,
+        "soft-tcp",
+        Ipv4Addr::new(127, 0, 9, 3),
+        false,
+    );
 }
 
-fn host_and_target_move_verified_data(fabric_kind: SoftFabric, transport_name: &str, ip: Ipv4Addr) {
+/// Every I/O's data behind its own memory window, invalidated by the target's response.
+#[test]
+fn per_io_keys_move_verified_data() {
+    host_and_target_move_verified_data(
+        SoftFabric::InProcess,
+        "soft",
+        Ipv4Addr::new(127, 0, 9, 5),
+        true,
+    );
+}
+
+fn host_and_target_move_verified_data(
+    fabric_kind: SoftFabric,
+    transport_name: &str,
+    ip: Ipv4Addr,
+    per_io_keys: bool,
+) {
     let config = config(ip);
     let target = Arc::new(Target::from_config(&config).expect("target"));
     let runtime = Runtime::start(RuntimeConfig {
@@ -91,7 +117,7 @@ fn host_and_target_move_verified_data(fabric_kind: SoftFabric, transport_name: &
     })
     .expect("target reactors");
     let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
-        name: format!("e2e-tgt{}-{transport_name}", std::process::id()),
+        name: format!("e2e-tgt{}-{ip}", std::process::id()),
         fabric: fabric_kind,
         ip,
         ..SoftConfig::default()
@@ -112,6 +138,7 @@ fn host_and_target_move_verified_data(fabric_kind: SoftFabric, transport_name: &
     );
     options.io_queues = 2;
     options.io_queue_depth = 32;
+    options.per_io_keys = per_io_keys;
     options.reconnect = ReconnectPolicy::never();
     let fabric = RdmaFabric::new(transport_name, None).expect("fabric");
     let controller = Controller::connect(

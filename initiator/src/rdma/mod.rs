@@ -12,6 +12,7 @@
 //! across queues is the next step (the trait contract allows it).
 
 mod queue;
+mod windows;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,10 +132,16 @@ impl Fabric for RdmaFabric {
         let mut pg = PollGroup::new_host(&ctx, cfg, RecvMode::PerQpair { recvs })
             .map_err(resources("host poll group"))?;
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-        let mr = pg
-            .pd()
-            .alloc_mr(params.data_region_len.max(64), access)
-            .map_err(resources("data region"))?;
+        // MW_BIND lets per-I/O windows cover the region; a device without windows may refuse
+        // the flag, so the region is registered without it then.
+        let len = params.data_region_len.max(64);
+        let mr = match pg.pd().alloc_mr(len, access | Access::MW_BIND) {
+            Ok(mr) => mr,
+            Err(_) => pg
+                .pd()
+                .alloc_mr(len, access)
+                .map_err(resources("data region"))?,
+        };
         let mut side = queue::Side {
             mr,
             host: vec![0; params.data_region_len],
@@ -143,6 +150,7 @@ impl Fabric for RdmaFabric {
             lost: None,
             active: false,
             qid: params.qid,
+            windows: None,
         };
         // The host issues no RDMA READs (initiator depth 0; the group wants a read depth of at
         // least 1); the target READs host memory.

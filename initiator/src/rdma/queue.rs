@@ -26,8 +26,9 @@ use nvmf_transport::pollgroup::WrKind;
 use nvmf_transport::pollgroup::{
     BufferGrant, ChainWr, Handler, PollGroup, QpairEvent, QpairHandle, ReqId,
 };
-use nvmf_transport::{CmChannel, CmEventKind, Mr, SendOp, Sge, TransportError, WcStatus};
+use nvmf_transport::{Access, CmChannel, CmEventKind, Mr, SendOp, Sge, TransportError, WcStatus};
 
+use super::windows::{Posting, Windows};
 use crate::queue::{DataRegion, HostQueue, QueueError};
 
 /// What the queue remembers about one command in flight (the poll group's per-request state).
@@ -38,6 +39,8 @@ pub(super) struct HostCommand {
     pub(super) data: Option<Range<usize>>,
     /// The response, once it arrived (reported when the SEND completed too).
     pub(super) cqe: Option<Cqe>,
+    /// The memory window the command's data goes through (per-I/O keys).
+    pub(super) window: Option<usize>,
 }
 
 /// The handler side of the queue: what poll-group callbacks update.
@@ -53,6 +56,9 @@ pub(super) struct Side {
     /// Set by the qpair's `Active` event.
     pub(super) active: bool,
     pub(super) qid: u16,
+    /// Memory windows for per-I/O keys: made at the first `bind_window`; None inside when the
+    /// device has none.
+    pub(super) windows: Option<Option<Windows>>,
 }
 
 impl Side {
@@ -113,6 +119,7 @@ impl Handler<HostCommand> for Side {
             );
             return;
         };
+        let invalidated = pg.response_invalidated_rkey();
         if let Some(r) = pg.request_mut(req) {
             if r.user.cqe.is_some() {
                 tracing::warn!(
@@ -123,6 +130,10 @@ impl Handler<HostCommand> for Side {
                 return;
             }
             r.user.cqe = Some(cqe);
+            // The target is done with the window once it answers.
+            if let (Some(w), Some(Some(windows))) = (r.user.window.take(), self.windows.as_mut()) {
+                windows.answered(w, invalidated);
+            }
         }
         if let Err(e) = pg.response_received(req) {
             tracing::warn!(qid = self.qid, cid = cqe.cid, %e, "response_received");
@@ -234,9 +245,18 @@ impl RdmaQueue {
             return Ok(None);
         }
         if key != self.side.mr.rkey() {
-            return Err(QueueError::Invalid(format!(
-                "SGL key {key:#x} is not the region's"
-            )));
+            return match self.side.windows.as_ref().and_then(Option::as_ref) {
+                Some(w) => w
+                    .prepared_range(key)
+                    .filter(|r| r.len() == length)
+                    .map(Some)
+                    .ok_or_else(|| {
+                        QueueError::Invalid(format!("SGL key {key:#x} names no bound window"))
+                    }),
+                None => Err(QueueError::Invalid(format!(
+                    "SGL key {key:#x} is not the region's"
+                ))),
+            };
         }
         let start = address
             .checked_sub(self.side.mr.addr())
@@ -249,6 +269,14 @@ impl RdmaQueue {
                 QueueError::Invalid(format!("SGL {address:#x}+{length} outside the region"))
             })?;
         Ok(Some(start..start + length))
+    }
+}
+
+/// The key of a keyed SGL1, if it is one.
+fn sgl_key(sqe: &Sqe) -> Option<u32> {
+    match sqe.sgl1() {
+        Ok(SglDescriptor::KeyedDataBlock { key, length, .. }) if length.get() > 0 => Some(key),
+        _ => None,
     }
 }
 
@@ -336,17 +364,65 @@ impl HostQueue for RdmaQueue {
             buffer[..64].copy_from_slice(&sqe.to_bytes());
             buffer[64..capsule_len].copy_from_slice(&self.side.host[inline]);
         }
+        // A window named by the SGL is bound in the same chain, ahead of the SEND (after a
+        // local invalidate when the target left its previous key valid).
+        let window = match sgl_key(sqe).filter(|k| *k != self.side.mr.rkey()) {
+            Some(key) => self
+                .side
+                .windows
+                .as_mut()
+                .and_then(Option::as_mut)
+                .and_then(|w| w.take(key)),
+            None => None,
+        };
         if let Some(r) = self.pg.request_mut(req) {
-            r.user = HostCommand { data, cqe: None };
+            r.user = HostCommand {
+                data,
+                cqe: None,
+                window: window.as_ref().map(|(i, _)| *i),
+            };
         }
         let mut sge = [Sge::default(); 1];
         self.pg.buffer_sges(req, capsule_len as u32, &mut sge);
-        let chain = [ChainWr {
+        let send = ChainWr {
             op: SendOp::Send,
             sges: &sge,
             inline: false,
-        }];
-        if let Err(e) = self.pg.post_chain(req, &chain, false) {
+        };
+        let key_op = |op: SendOp| ChainWr {
+            op,
+            sges: &[],
+            inline: false,
+        };
+        let posted = match &window {
+            None => self.pg.post_chain(req, &[send], false),
+            Some((
+                _,
+                Posting {
+                    invalidate: None,
+                    bind,
+                    ..
+                },
+            )) => self.pg.post_chain(req, &[key_op(*bind), send], false),
+            Some((
+                _,
+                Posting {
+                    invalidate: Some(inv),
+                    bind,
+                    ..
+                },
+            )) => self
+                .pg
+                .post_chain(req, &[key_op(*inv), key_op(*bind), send], false),
+        };
+        if let Err(e) = posted {
+            if let (Some((i, p)), Some(Some(w))) = (&window, self.side.windows.as_mut()) {
+                let stale = match p.invalidate {
+                    Some(SendOp::LocalInv { rkey }) => Some(rkey),
+                    _ => None,
+                };
+                w.unpost(*i, stale);
+            }
             self.pg.finish(req);
             self.side.lose(format!("post: {e}"));
             return self.check();
@@ -377,6 +453,32 @@ impl HostQueue for RdmaQueue {
             *slot = cqe;
         }
         Ok(n)
+    }
+
+    fn bind_window(&mut self, range: Range<usize>) -> Result<Option<(u64, u32)>, QueueError> {
+        self.check()?;
+        if range.start > range.end || range.end > self.side.host.len() {
+            return Err(QueueError::Invalid(format!(
+                "window {range:?} outside the region"
+            )));
+        }
+        let mr = &self.side.mr;
+        let windows = self.side.windows.get_or_insert_with(|| {
+            // Control path, once per queue: as many windows as commands may be in flight.
+            if mr.access().contains(Access::MW_BIND) {
+                Windows::new(self.pg.pd(), usize::from(self.depth))
+            } else {
+                None
+            }
+        });
+        let Some(windows) = windows.as_mut() else {
+            return Ok(None);
+        };
+        let address = mr.addr() + range.start as u64;
+        match windows.prepare(mr, range) {
+            Some(rkey) => Ok(Some((address, rkey))),
+            None => Err(QueueError::Full),
+        }
     }
 
     fn is_connected(&self) -> bool {

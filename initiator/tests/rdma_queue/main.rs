@@ -173,3 +173,46 @@ fn nobody_listening_is_unreachable() {
         .expect("refused");
     assert!(matches!(err, ConnectError::Unreachable(_)), "{err:?}");
 }
+
+#[test]
+fn per_command_windows_carry_the_data_and_are_rebound() {
+    let target = FakeTarget::start();
+    let mut q = connect(&target);
+    let region_key = q.region().key;
+    // More commands than windows: every window is bound again, after a local invalidate (this
+    // responder never sends SEND_WITH_INVALIDATE).
+    for n in 0..3 * DEPTH {
+        let at = (n as usize % 8) * 8192;
+        let data = pattern(n as u8, 4096);
+        q.region_bytes_mut()[at..at + 4096].copy_from_slice(&data);
+        let (address, key) = q
+            .bind_window(at..at + 4096)
+            .unwrap()
+            .expect("soft has windows");
+        assert_ne!(key, region_key);
+        let mut write = Sqe::new(WRITE, 2 * n, 1);
+        write.set_sgl1(SglDescriptor::keyed(address, 4096, key, true).unwrap());
+        write.cdw10 = 4096 * u32::from(n);
+        q.submit(&write, None).unwrap();
+        assert_eq!(reap(&mut q, 1)[0].cid, 2 * n);
+        let back = at + 4096;
+        let (address, key) = q.bind_window(back..back + 4096).unwrap().unwrap();
+        let mut read = Sqe::new(READ, 2 * n + 1, 1);
+        read.set_sgl1(SglDescriptor::keyed(address, 4096, key, true).unwrap());
+        read.cdw10 = 4096 * u32::from(n);
+        q.submit(&read, None).unwrap();
+        assert_eq!(reap(&mut q, 1)[0].cid, 2 * n + 1);
+        assert_eq!(
+            &q.region_bytes()[back..back + 4096],
+            &data[..],
+            "command {n}"
+        );
+    }
+    // A key no window was bound under is refused.
+    let mut stray = Sqe::new(READ, 999, 1);
+    stray.set_sgl1(SglDescriptor::keyed(q.region().address, 512, 0x1234_5600, false).unwrap());
+    assert!(matches!(
+        q.submit(&stray, None),
+        Err(QueueError::Invalid(_))
+    ));
+}
