@@ -7,6 +7,9 @@
 //! process); `soft` = the soft device in process (the target's listener lives in this same
 //! process, as in tests).
 //!
+//! Per-I/O keys (`bind_window`): `windows.rs`, a pool of memory windows per queue, where the
+//! device has them.
+//!
 //! Today each queue has its own poll group (one CQ, one qpair): a queue is then the unit a
 //! reactor owns, with no completions of other queues to keep. Sharing one group per reactor
 //! across queues is the next step (the trait contract allows it).
