@@ -259,3 +259,11 @@ fn the_host_reconnects_after_the_target_restarts_and_reads_its_data() {
         .expect("transport stop");
     runtime.stop().expect("reactors stop");
 }
+
+/// Per-I/O windows over the soft TCP fabric (the host's "soft" fabric resolves to the target's
+/// TCP device here, so windows stay on).
+#[test]
+#[ignore = "known gap: a command whose chain binds a memory window is never answered over the soft TCP fabric (in-process works); soft-tcp queues use the region key until fixed"]
+fn per_io_keys_over_the_tcp_fabric_move_verified_data() {
+    host_and_target_move_verified_data(SoftFabric::Tcp, "soft", Ipv4Addr::new(127, 0, 9, 6), true);
+}

@@ -41,13 +41,18 @@ pub struct FakeTarget {
 impl FakeTarget {
     /// Listens on a fresh in-process soft device; serves one connection.
     pub fn start() -> FakeTarget {
+        FakeTarget::start_on(SoftFabric::InProcess)
+    }
+
+    /// As `start`, on a soft device of `fabric` (a host resolving to it shares its fabric).
+    pub fn start_on(fabric: SoftFabric) -> FakeTarget {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let ip = Ipv4Addr::new(127, 0, 7, 2 + (n % 250) as u8);
         let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
         let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
             name: format!("fake{}-{n}", std::process::id()),
-            fabric: SoftFabric::InProcess,
+            fabric,
             ip,
             ..SoftConfig::default()
         }))

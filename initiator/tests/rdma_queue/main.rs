@@ -176,7 +176,16 @@ fn nobody_listening_is_unreachable() {
 
 #[test]
 fn per_command_windows_carry_the_data_and_are_rebound() {
-    let target = FakeTarget::start();
+    windows_round_trips(FakeTarget::start());
+}
+
+#[test]
+#[ignore = "known gap: a command whose chain binds a memory window is never answered over the soft TCP fabric (in-process works); soft-tcp queues use the region key until fixed"]
+fn per_command_windows_over_the_tcp_fabric() {
+    windows_round_trips(FakeTarget::start_on(nvmf_transport::SoftFabric::Tcp));
+}
+
+fn windows_round_trips(target: FakeTarget) {
     let mut q = connect(&target);
     let region_key = q.region().key;
     // More commands than windows: every window is bound again, after a local invalidate (this
