@@ -158,9 +158,9 @@ impl Fabric for RdmaFabric {
             lost: None,
             active: false,
             qid: params.qid,
-            // Known gap: per-I/O windows over the soft TCP fabric leave commands unanswered
-            // against nvmf-tgt (the in-process fabric works); until that is found, soft-tcp
-            // queues use the region key, said once in the log.
+            // Soft TCP provider bug: a local WR (the window bind) takes a wire sequence number
+            // it never sends, so the responder NAKs the gap and the QP stalls. Until the
+            // provider is fixed, soft-tcp queues use the region key (one warning).
             windows: self.tcp.then(|| {
                 static SAID: std::sync::Once = std::sync::Once::new();
                 SAID.call_once(|| {
