@@ -3,6 +3,7 @@
 //! Layers inside the crate, bottom up:
 //! - [`queue`]: the narrow interface a transport implements ([`queue::HostQueue`],
 //!   [`queue::Fabric`]); [`loopback`] implements it in memory with a fake target.
+//! - [`rdma`]: the traits over RDMA (host poll groups; verbs, soft in-process, soft TCP).
 //! - [`cid`]: command identifiers with generations; [`clock`]: real and virtual time.
 //! - [`admin`]: synchronous admin commands over one queue.
 //! - [`controller`]: bring-up, namespaces, keep-alive, shutdown, reconnect.
@@ -41,5 +42,6 @@ pub mod io;
 pub mod loopback;
 pub mod perf;
 pub mod queue;
+pub mod rdma;
 
 pub use error::{Error, Result};

@@ -57,13 +57,21 @@ fn perf_verified_run_reports_json_per_namespace() {
 }
 
 #[test]
-fn perf_refuses_bad_flags_and_unwired_transports() {
+fn perf_refuses_bad_flags_and_unusable_transports() {
     let (code, _, err) = run(PERF, &["--transport", "loopback", "-w", "sideways"]);
     assert_ne!(code, 0);
     assert!(err.contains("unknown workload 'sideways'"), "{err}");
-    let (code, _, err) = run(PERF, &["--transport", "rdma", "-t", "1"]);
+    // The in-process soft fabric cannot reach a target in another process.
+    let (code, _, err) = run(PERF, &["--transport", "soft", "-t", "1"]);
     assert_ne!(code, 0);
-    assert!(err.contains("not wired into the initiator yet"), "{err}");
+    assert!(err.contains("use --transport soft-tcp"), "{err}");
+    let (code, _, err) = run(PERF, &["--transport", "carrier-pigeon", "-t", "1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is not one of"), "{err}");
+    // Nobody listens on this port: a clean error, not a hang.
+    let (code, _, err) = run(PERF, &["--transport", "soft-tcp", "-s", "1", "-t", "1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no NVMe-oF listener"), "{err}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Command-line pieces both tools share: where to connect (clap `Args`), size and core-list
-//! parsing, and the in-process loopback target the tools can run against until the RDMA glue
-//! lands.
+//! parsing, and the in-process loopback target the tools can also run against (tests, demos
+//! without a target).
 
 use std::time::Duration;
 
@@ -13,9 +13,11 @@ use crate::queue::TransportAddress;
 /// How and where to reach the controller.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectArgs {
-    /// Transport: rdma, soft (in-process soft RDMA), soft-tcp, or loopback (an in-process fake
-    /// target for testing the tools, fresh and zeroed on every run; the RDMA transports are not
-    /// wired in yet).
+    /// Transport: rdma (real verbs: an RDMA NIC, Soft-RoCE or siw), soft-tcp (the soft RDMA
+    /// device over TCP: what nvmf-tgt with a soft TCP listener, e.g. configs/demo.toml, speaks),
+    /// or loopback (an in-process fake target for testing the tools, fresh and zeroed on every
+    /// run). "soft" (the in-process soft fabric) needs the target in the same process, so the
+    /// tools refuse it.
     #[arg(long, default_value = "rdma")]
     pub transport: String,
     /// Target address (IP or host name).

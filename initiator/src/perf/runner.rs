@@ -29,6 +29,9 @@ pub struct RunConfig {
     pub pin: bool,
     /// I/O queues (jobs) per namespace.
     pub qpairs_per_namespace: usize,
+    /// Namespaces to drive (empty: every active one). A null bdev cannot pass --verify, so
+    /// verified runs name the namespaces that keep data.
+    pub nsids: Vec<u32>,
     /// Random seed.
     pub seed: u64,
     /// Progress every this often (None = no progress callback).
@@ -94,7 +97,21 @@ pub fn run<F: Fabric>(
 where
     F::Queue: 'static,
 {
-    let namespaces: Vec<NsTarget> = controller.namespaces().iter().map(|n| n.target()).collect();
+    let namespaces: Vec<NsTarget> = controller
+        .namespaces()
+        .iter()
+        .map(|n| n.target())
+        .filter(|n| cfg.nsids.is_empty() || cfg.nsids.contains(&n.nsid))
+        .collect();
+    if let Some(missing) = cfg
+        .nsids
+        .iter()
+        .find(|id| !namespaces.iter().any(|n| n.nsid == **id))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "namespace {missing} is not an active namespace of the controller"
+        )));
+    }
     if namespaces.is_empty() {
         return Err(Error::Target(
             "the controller has no active namespace".into(),

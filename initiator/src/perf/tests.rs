@@ -180,6 +180,7 @@ fn a_short_run_on_two_reactors_reports_every_namespace() {
         cores: vec![0, 1],
         pin: false,
         qpairs_per_namespace: 2,
+        nsids: Vec::new(),
         seed: 1,
         progress_every: Some(Duration::from_millis(50)),
     };

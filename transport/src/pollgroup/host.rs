@@ -106,6 +106,13 @@ impl<R: Default> PollGroup<R> {
         Ok(())
     }
 
+    /// Host side, inside `Handler::response`: the rkey (a memory window of the host's) that
+    /// this response's SEND_WITH_INVALIDATE invalidated, if it did. The window is free to
+    /// bind again; a window the target did not invalidate needs a local invalidate first.
+    pub fn response_invalidated_rkey(&self) -> Option<u32> {
+        self.response_invalidated
+    }
+
     /// A response capsule in `slot` on `qp_num`: up to the initiator, then the slot goes back.
     pub(crate) fn on_response<H: Handler<R>>(&mut self, h: &mut H, qp_num: u32, slot: u32) {
         // The handler reads the bytes during the call; the slot is not re-posted before.

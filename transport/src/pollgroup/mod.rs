@@ -239,6 +239,9 @@ pub struct PollGroup<R = ()> {
     post_fault: Option<(u32, usize)>,
     tree_lookups: Cell<u64>,
     stats: PollGroupStats,
+    /// Host side, during `Handler::response` only: the rkey the response's SEND_WITH_INV
+    /// invalidated here.
+    response_invalidated: Option<u32>,
 }
 
 impl<R> Drop for PollGroup<R> {
@@ -341,6 +344,7 @@ impl<R> PollGroup<R> {
             post_fault: None,
             tree_lookups: Cell::new(0),
             stats: PollGroupStats::default(),
+            response_invalidated: None,
             cfg,
         };
         // Fill the SRQ before any qpair can exist.

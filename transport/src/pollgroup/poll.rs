@@ -180,7 +180,9 @@ impl<R: Default> PollGroup<R> {
                 q.phase = QpairPhase::Active;
                 let qp_num = q.qp_num;
                 self.stats.capsules += 1;
+                self.response_invalidated = wc.invalidated_rkey;
                 self.on_response(h, qp_num, slot);
+                self.response_invalidated = None;
             }
             QpairPhase::Connecting | QpairPhase::Active => {
                 // A capsule may beat our ESTABLISHED event: the host is connected.

@@ -16,6 +16,7 @@ use nvmf_initiator::perf::job::JobSpec;
 use nvmf_initiator::perf::runner::{RunConfig, run};
 use nvmf_initiator::perf::workload::Pattern;
 use nvmf_initiator::queue::Fabric;
+use nvmf_initiator::rdma::RdmaFabric;
 
 /// Drive I/O at every namespace of one NVMe-oF subsystem and report IOPS, bandwidth and
 /// latency percentiles per namespace and in total.
@@ -45,6 +46,9 @@ struct Args {
     /// I/O queues per namespace (each one a job over its own share of the LBAs).
     #[arg(long, default_value_t = 1)]
     qpairs: usize,
+    /// Namespaces to drive, e.g. "1" or "1,3" (default: every active namespace).
+    #[arg(long, value_delimiter = ',')]
+    nsid: Vec<u32>,
     /// Tag every block written with its LBA and a generation; check every block read.
     #[arg(long)]
     verify: bool,
@@ -70,10 +74,15 @@ fn main() -> anyhow::Result<()> {
             let target = args.connect.loopback_target().map_err(anyhow::Error::msg)?;
             perf(LoopbackFabric::new(target), &args)
         }
-        other => bail!(
-            "transport '{other}' is not wired into the initiator yet (it waits for the host \
-             poll group); use --transport loopback to exercise the tool"
+        "soft" => bail!(
+            "--transport soft is the in-process soft fabric: the target would have to live in \
+             this process; use --transport soft-tcp to reach nvmf-tgt's soft device"
         ),
+        name => {
+            let fabric =
+                RdmaFabric::new(name, None).with_context(|| format!("transport '{name}'"))?;
+            perf(fabric, &args)
+        }
     }
 }
 
@@ -106,7 +115,12 @@ where
     let mut controller = connect(options.clone())?;
     // Namespaces are known only once connected: with several, attach again with a queue per
     // job (qpairs per namespace).
-    let wanted = args.qpairs * controller.namespaces().len();
+    let driven = controller
+        .namespaces()
+        .iter()
+        .filter(|n| args.nsid.is_empty() || args.nsid.contains(&n.target().nsid))
+        .count();
+    let wanted = args.qpairs * driven.max(1);
     if controller.io_queue_count() < wanted {
         let _ = controller.shutdown();
         options.io_queues = wanted.min(1024) as u16;
@@ -124,6 +138,7 @@ where
         cores,
         pin: !args.no_pin,
         qpairs_per_namespace: args.qpairs,
+        nsids: args.nsid.clone(),
         seed: args.seed,
         progress_every: std::io::stdout()
             .is_terminal()

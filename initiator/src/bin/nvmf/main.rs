@@ -15,6 +15,7 @@ use nvmf_initiator::clock::SystemClock;
 use nvmf_initiator::controller::Controller;
 use nvmf_initiator::loopback::LoopbackFabric;
 use nvmf_initiator::queue::Fabric;
+use nvmf_initiator::rdma::RdmaFabric;
 use nvmf_protocol::DISCOVERY_NQN;
 use nvmf_protocol::features::FeatureId;
 use nvmf_protocol::log::{LogId, SMART_LOG_SIZE, SmartLog};
@@ -141,10 +142,15 @@ fn main() -> anyhow::Result<()> {
             let target = args.connect.loopback_target().map_err(anyhow::Error::msg)?;
             command(LoopbackFabric::new(target), &args)
         }
-        other => bail!(
-            "transport '{other}' is not wired into the initiator yet (it waits for the host \
-             poll group); use --transport loopback to exercise the tool"
+        "soft" => bail!(
+            "--transport soft is the in-process soft fabric: the target would have to live in \
+             this process; use --transport soft-tcp to reach nvmf-tgt's soft device"
         ),
+        name => {
+            let fabric =
+                RdmaFabric::new(name, None).with_context(|| format!("transport '{name}'"))?;
+            command(fabric, &args)
+        }
     }
 }
 

@@ -1,0 +1,269 @@
+//! The initiator against the real target in one process, over the soft RDMA fabrics (in-process
+//! and TCP):
+//! nvmf-rs host (controller bring-up, block API, nvmf-perf's verified engine on two reactors)
+//! to nvmf-rs target (RDMA transport on two reactors, the NVMe layer, a malloc bdev).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nvmf_initiator::block::BlockDevice;
+use nvmf_initiator::clock::SystemClock;
+use nvmf_initiator::controller::{Controller, ControllerOptions, ReconnectPolicy};
+use nvmf_initiator::perf::job::JobSpec;
+use nvmf_initiator::perf::runner::{RunConfig, run};
+use nvmf_initiator::perf::workload::Pattern;
+use nvmf_initiator::queue::TransportAddress;
+use nvmf_initiator::rdma::RdmaFabric;
+use nvmf_poller::{Runtime, RuntimeConfig};
+use nvmf_target::config::Config;
+use nvmf_target::nvme::{ReactorIo, Target};
+use nvmf_target::rdma::{DeviceListen, RdmaConfig, RdmaTransport};
+use nvmf_target::transport_glue::NvmeHandler;
+use nvmf_transport::{Context, DeviceSpec, SoftConfig, SoftFabric};
+
+const NQN: &str = "nqn.2016-06.io.nvmf-rs:e2e";
+
+fn config(ip: Ipv4Addr) -> Config {
+    let text = format!(
+        r#"
+[reactors]
+cores = [0, 1]
+
+[transport]
+provider = "soft"
+fabric = "inproc"
+listen = ["{ip}:4420"]
+
+[[bdev]]
+name = "malloc0"
+kind = "malloc"
+size = 16777216
+block_size = 512
+
+[[subsystem]]
+nqn = "{NQN}"
+serial = "E2E0001"
+model = "nvmf-rs e2e"
+allow_any_host = true
+
+[[subsystem.namespace]]
+nsid = 1
+bdev = "malloc0"
+"#
+    );
+    Config::parse(&text, "e2e.toml").unwrap_or_else(|e| panic!("{:?}", e.0))
+}
+
+type Transport = RdmaTransport<nvmf_target::transport_glue::Command, NvmeHandler>;
+
+/// The target's RDMA transport on `runtime`, serving `target` at `addr` of `ctx`.
+fn serve(runtime: &Runtime, target: &Arc<Target>, ctx: &Context, addr: SocketAddr) -> Transport {
+    let mut rdma = RdmaConfig::new(vec![DeviceListen {
+        ctx: ctx.clone(),
+        listen: vec![addr],
+    }]);
+    rdma.max_qid = target.limits().max_io_queues;
+    let t = target.clone();
+    RdmaTransport::start(runtime.reactors(), rdma, move |_| {
+        NvmeHandler::new(t.clone(), ReactorIo::new(t.clone()))
+    })
+    .expect("RDMA transport")
+}
+
+#[test]
+fn in_process_fabric_moves_verified_data() {
+    host_and_target_move_verified_data(
+        SoftFabric::InProcess,
+        "soft",
+        Ipv4Addr::new(127, 0, 9, 2),
+        false,
+    );
+}
+
+#[test]
+fn tcp_fabric_moves_verified_data() {
+    host_and_target_move_verified_data(
+        SoftFabric::Tcp,
+        "soft-tcp",
+        Ipv4Addr::new(127, 0, 9, 3),
+        false,
+    );
+}
+
+/// Every I/O's data behind its own memory window, invalidated by the target's response.
+#[test]
+fn per_io_keys_move_verified_data() {
+    host_and_target_move_verified_data(
+        SoftFabric::InProcess,
+        "soft",
+        Ipv4Addr::new(127, 0, 9, 5),
+        true,
+    );
+}
+
+fn host_and_target_move_verified_data(
+    fabric_kind: SoftFabric,
+    transport_name: &str,
+    ip: Ipv4Addr,
+    per_io_keys: bool,
+) {
+    let config = config(ip);
+    let target = Arc::new(Target::from_config(&config).expect("target"));
+    let runtime = Runtime::start(RuntimeConfig {
+        cores: vec![0, 1],
+        pin: false,
+        ..RuntimeConfig::default()
+    })
+    .expect("target reactors");
+    let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+        name: format!("e2e-tgt{}-{ip}", std::process::id()),
+        fabric: fabric_kind,
+        ip,
+        ..SoftConfig::default()
+    }))
+    .expect("soft device");
+    let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
+    let transport = serve(&runtime, &target, &ctx, addr);
+
+    let address = TransportAddress {
+        transport: transport_name.into(),
+        address: ip.to_string(),
+        service: "4420".into(),
+    };
+    let mut options = ControllerOptions::new(
+        NQN,
+        "nqn.2014-08.org.nvmexpress:uuid:07070707-0707-0707-0707-070707070707",
+        [7; 16],
+    );
+    options.io_queues = 2;
+    options.io_queue_depth = 32;
+    options.per_io_keys = per_io_keys;
+    options.reconnect = ReconnectPolicy::never();
+    let fabric = RdmaFabric::new(transport_name, None).expect("fabric");
+    let controller = Controller::connect(
+        fabric.clone(),
+        address.clone(),
+        options.clone(),
+        Arc::new(SystemClock),
+    )
+    .expect("controller");
+    assert_eq!(controller.namespaces().len(), 1);
+
+    // Block API: an unaligned write by keyed SGL and in-capsule data, read back.
+    let mut block = BlockDevice::new(controller, 1).expect("block device");
+    assert_eq!(block.size(), 16 * 1024 * 1024);
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    block.write_at(1000, &data).expect("write");
+    block.write_at(70_000, &data[..300]).expect("small write");
+    let mut back = vec![0; data.len()];
+    block.read_at(1000, &mut back).expect("read");
+    assert_eq!(back, data);
+    let mut small = vec![0; 300];
+    block.read_at(70_000, &mut small).expect("read");
+    assert_eq!(small, data[..300]);
+    block.flush().expect("flush");
+    let mut controller = block.into_controller();
+    controller.shutdown().expect("clean shutdown");
+
+    // nvmf-perf's engine: verified random read/write on two host reactors.
+    let mut controller =
+        Controller::connect(fabric, address, options, Arc::new(SystemClock)).expect("again");
+    let cfg = RunConfig {
+        spec: JobSpec {
+            pattern: Pattern::RandRw,
+            mix: 50,
+            io_size: 4096,
+            depth: 16,
+            verify: true,
+        },
+        duration: Duration::from_millis(1500),
+        cores: vec![0, 1],
+        pin: false,
+        qpairs_per_namespace: 2,
+        nsids: Vec::new(),
+        seed: 3,
+        progress_every: None,
+    };
+    let report = run(&mut controller, &cfg, |_| {}).expect("perf run");
+    assert!(report.passed(), "{}", report.to_text());
+    assert!(report.total.ios > 0);
+    controller.shutdown().expect("clean shutdown");
+    transport
+        .stop(Duration::from_secs(5))
+        .expect("transport stop");
+    runtime.stop().expect("reactors stop");
+}
+
+#[test]
+fn the_host_reconnects_after_the_target_restarts_and_reads_its_data() {
+    let ip = Ipv4Addr::new(127, 0, 9, 4);
+    let target = Arc::new(Target::from_config(&config(ip)).expect("target"));
+    let runtime = Runtime::start(RuntimeConfig {
+        cores: vec![0, 1],
+        pin: false,
+        ..RuntimeConfig::default()
+    })
+    .expect("target reactors");
+    let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+        name: format!("e2e-restart{}", std::process::id()),
+        fabric: SoftFabric::InProcess,
+        ip,
+        ..SoftConfig::default()
+    }))
+    .expect("soft device");
+    let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
+    let transport = serve(&runtime, &target, &ctx, addr);
+    let mut options = ControllerOptions::new(
+        NQN,
+        "nqn.2014-08.org.nvmexpress:uuid:07070707-0707-0707-0707-070707070708",
+        [8; 16],
+    );
+    options.reconnect = ReconnectPolicy {
+        reconnect_delay: Duration::from_millis(200),
+        ctrl_loss_timeout: Some(Duration::from_secs(30)),
+        fast_io_fail: None,
+    };
+    let address = TransportAddress {
+        transport: "soft".into(),
+        address: ip.to_string(),
+        service: "4420".into(),
+    };
+    let fabric = RdmaFabric::new("soft", None).expect("fabric");
+    let controller =
+        Controller::connect(fabric, address, options, Arc::new(SystemClock)).expect("controller");
+    let mut block = BlockDevice::new(controller, 1).expect("block device");
+    let data: Vec<u8> = (0..64 * 1024u32).map(|i| (i % 253) as u8).collect();
+    block.write_at(4096, &data).expect("write");
+    block.flush().expect("flush");
+
+    // The fabric goes away (every connection dropped) and comes back on the same address.
+    transport
+        .stop(Duration::from_secs(5))
+        .expect("transport stop");
+    let transport = serve(&runtime, &target, &ctx, addr);
+
+    let mut back = vec![0; data.len()];
+    block
+        .read_at(4096, &mut back)
+        .expect("read after the restart");
+    assert_eq!(back, data);
+    assert!(
+        block.controller().reconnects() >= 1,
+        "the loss went unnoticed"
+    );
+    let mut controller = block.into_controller();
+    controller.shutdown().expect("clean shutdown");
+    transport
+        .stop(Duration::from_secs(5))
+        .expect("transport stop");
+    runtime.stop().expect("reactors stop");
+}
+
+/// Per-I/O windows over the soft TCP fabric (the host's "soft" fabric resolves to the target's
+/// TCP device here, so windows stay on).
+#[test]
+#[ignore = "soft TCP provider bug: a local WR (BindMw / LocalInv) takes a wire sequence number (qp.rs next_seq) but is never sent, so the responder NAKs the gap (tcp.rs respond) and every later WR on the QP stalls"]
+fn per_io_keys_over_the_tcp_fabric_move_verified_data() {
+    host_and_target_move_verified_data(SoftFabric::Tcp, "soft", Ipv4Addr::new(127, 0, 9, 6), true);
+}
