@@ -263,7 +263,6 @@ fn the_host_reconnects_after_the_target_restarts_and_reads_its_data() {
 /// Per-I/O windows over the soft TCP fabric (the host's "soft" fabric resolves to the target's
 /// TCP device here, so windows stay on).
 #[test]
-#[ignore = "soft TCP provider bug: a local WR (BindMw / LocalInv) takes a wire sequence number (qp.rs next_seq) but is never sent, so the responder NAKs the gap (tcp.rs respond) and every later WR on the QP stalls"]
 fn per_io_keys_over_the_tcp_fabric_move_verified_data() {
     host_and_target_move_verified_data(SoftFabric::Tcp, "soft", Ipv4Addr::new(127, 0, 9, 6), true);
 }

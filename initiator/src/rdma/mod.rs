@@ -44,8 +44,6 @@ pub struct RdmaFabric {
     kind: ProviderKind,
     /// The soft TCP device this fabric opened (kept open while any clone lives).
     _device: Option<Context>,
-    /// Soft TCP fabric (see the per-I/O key note in `connect`).
-    tcp: bool,
 }
 
 impl std::fmt::Debug for RdmaFabric {
@@ -65,12 +63,10 @@ impl RdmaFabric {
             "rdma" => Ok(RdmaFabric {
                 kind: ProviderKind::Verbs,
                 _device: None,
-                tcp: false,
             }),
             "soft" => Ok(RdmaFabric {
                 kind: ProviderKind::Soft,
                 _device: None,
-                tcp: false,
             }),
             "soft-tcp" => {
                 let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -84,7 +80,6 @@ impl RdmaFabric {
                 Ok(RdmaFabric {
                     kind: ProviderKind::Soft,
                     _device: Some(ctx),
-                    tcp: true,
                 })
             }
             other => Err(ConnectError::Unreachable(format!(
@@ -158,16 +153,7 @@ impl Fabric for RdmaFabric {
             lost: None,
             active: false,
             qid: params.qid,
-            // Soft TCP provider bug: a local WR (the window bind) takes a wire sequence number
-            // it never sends, so the responder NAKs the gap and the QP stalls. Until the
-            // provider is fixed, soft-tcp queues use the region key (one warning).
-            windows: self.tcp.then(|| {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| {
-                    tracing::warn!("per-I/O keys are not used over soft-tcp yet: the region key is")
-                });
-                None
-            }),
+            windows: None,
         };
         // The host issues no RDMA READs (initiator depth 0; the group wants a read depth of at
         // least 1); the target READs host memory.

@@ -180,7 +180,6 @@ fn per_command_windows_carry_the_data_and_are_rebound() {
 }
 
 #[test]
-#[ignore = "soft TCP provider bug: a local WR (BindMw / LocalInv) takes a wire sequence number (qp.rs next_seq) but is never sent, so the responder NAKs the gap (tcp.rs respond) and every later WR on the QP stalls"]
 fn per_command_windows_over_the_tcp_fabric() {
     windows_round_trips(FakeTarget::start_on(nvmf_transport::SoftFabric::Tcp));
 }
