@@ -1,6 +1,7 @@
 //! `nvmf-tgt` as a process serving NVMe-oF over the soft provider's TCP fabric: a host in this
 //! process connects, writes and reads back verified data, and SIGTERM stops the daemon
-//! cleanly with the host still connected.
+//! cleanly with the host still connected; a file-backed namespace keeps what was written and
+//! flushed before SIGTERM across a restart of the daemon.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
@@ -10,6 +11,8 @@ use nvmf_protocol::fabrics::CNTLID_DYNAMIC;
 use nvmf_transport::{Context, DeviceSpec, SoftConfig, SoftFabric};
 
 use super::host::{HostQueue, wait_until};
+use nvmf_protocol::Sqe;
+
 use super::{SUBNQN, connect, enable, pattern, rw};
 
 /// Kills the daemon if the test fails before stopping it (no orphan process).
@@ -118,4 +121,97 @@ fn nvmf_tgt_serves_read_write_over_tcp() {
     assert!(status.success(), "{log}");
     assert!(log.contains("stopped"), "{log}");
     drop(admin);
+}
+
+/// Starts `nvmf-tgt` on a file-backed namespace (512 B blocks, O_DIRECT) listening on a free
+/// loopback port; returns the daemon and its address once it listens.
+fn start_file_daemon(dir: &std::path::Path, image: &std::path::Path) -> (Daemon, SocketAddr) {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let config = dir.join(format!("file-{}.toml", addr.port()));
+    std::fs::write(
+        &config,
+        format!(
+            "[reactors]\ncores = [0, 1]\n[transport]\nprovider = \"soft\"\nfabric = \"tcp\"\n\
+             listen = [\"{addr}\"]\nsrq_depth = 256\ndata_buffers = 256\n\
+             [[bdev]]\nname = \"f\"\nkind = \"file\"\npath = \"{}\"\nsize = 1048576\n\
+             block_size = 512\ndirect = true\n\
+             [[subsystem]]\nnqn = \"{SUBNQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nbdev = \"f\"\n",
+            image.display()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon(
+        Command::new(env!("CARGO_BIN_EXE_nvmf-tgt"))
+            .arg("--config")
+            .arg(&config)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the daemon listening", || TcpStream::connect(addr).is_ok());
+    (daemon, addr)
+}
+
+/// SIGTERM, and the daemon's exit status.
+fn stop(mut daemon: Daemon) -> std::process::ExitStatus {
+    let ok = Command::new("kill")
+        .arg("-TERM")
+        .arg(daemon.0.id().to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    daemon.0.wait().unwrap()
+}
+
+#[test]
+fn file_namespace_keeps_flushed_data_across_a_restart() {
+    // Under the build folder, not /tmp: O_DIRECT needs a file system that supports it.
+    std::fs::create_dir_all(concat!(env!("CARGO_TARGET_TMPDIR"), "/nvmf-tgt-restart")).unwrap();
+    let dir =
+        tempfile::tempdir_in(concat!(env!("CARGO_TARGET_TMPDIR"), "/nvmf-tgt-restart")).unwrap();
+    let image = dir.path().join("ns1.img");
+    let _host_device = Context::open(&DeviceSpec::Soft(SoftConfig {
+        name: format!("restart-host{}", std::process::id()),
+        fabric: SoftFabric::Tcp,
+        ip: Ipv4Addr::new(127, 0, 5, 10),
+        ..SoftConfig::default()
+    }))
+    .expect("host soft device");
+    let data = pattern(0xC3, 8192);
+
+    let (daemon, addr) = start_file_daemon(dir.path(), &image);
+    {
+        let mut admin = HostQueue::connect(addr, 0, 32);
+        let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+        enable(&mut admin);
+        let mut io = HostQueue::connect(addr, 1, 32);
+        connect(&mut io, 1, cntlid);
+        io.write_data(0, &data);
+        let c = io.exec(rw(0x01, 40, 16, io.keyed(0, 8192)), &[]).unwrap();
+        assert!(c.status.is_success(), "write: {c:?}");
+        let c = io.exec(Sqe::new(0x00, 0, 1), &[]).unwrap();
+        assert!(c.status.is_success(), "flush: {c:?}");
+        let status = stop(daemon);
+        assert!(status.success(), "first daemon: {status}");
+        io.wait_disconnected();
+    }
+
+    let (daemon, addr) = start_file_daemon(dir.path(), &image);
+    let mut admin = HostQueue::connect(addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect(addr, 1, 32);
+    connect(&mut io, 1, cntlid);
+    let c = io
+        .exec(rw(0x02, 40, 16, io.keyed(16384, 8192)), &[])
+        .unwrap();
+    assert!(c.status.is_success(), "read after restart: {c:?}");
+    assert!(
+        io.read_data(16384, 8192) == data,
+        "data written and flushed before SIGTERM reads back after the restart"
+    );
+    let status = stop(daemon);
+    assert!(status.success(), "second daemon: {status}");
 }
