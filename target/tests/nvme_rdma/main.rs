@@ -5,6 +5,7 @@
 //! WRITE by the target) with the data verified, Flush, an LBA out of range, Disconnect, and a
 //! wrong rkey (the target's READ fails: the qpair drains and nothing leaks).
 
+mod commands;
 mod daemon;
 mod gate;
 mod host;
@@ -713,4 +714,14 @@ fn session_inproc() {
 #[test]
 fn session_tcp() {
     full_session(SoftFabric::Tcp);
+}
+
+#[test]
+fn commands_inproc() {
+    commands::commands(SoftFabric::InProcess);
+}
+
+#[test]
+fn commands_tcp() {
+    commands::commands(SoftFabric::Tcp);
 }
