@@ -4,6 +4,7 @@
 //! Features, an I/O queue, Write by keyed SGL and in capsule, Read back by keyed SGL (RDMA
 //! WRITE by the target) with the data verified, Flush, an LBA out of range, Disconnect, and a
 //! wrong rkey (the target's READ fails: the qpair drains and nothing leaks).
+//! The other admin and NVM commands over the fabric are in `commands`.
 
 mod commands;
 mod daemon;
