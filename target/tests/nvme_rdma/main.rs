@@ -726,3 +726,13 @@ fn commands_inproc() {
 fn commands_tcp() {
     commands::commands(SoftFabric::Tcp);
 }
+
+#[test]
+fn abort_outstanding_inproc() {
+    commands::abort_outstanding(SoftFabric::InProcess);
+}
+
+#[test]
+fn abort_outstanding_tcp() {
+    commands::abort_outstanding(SoftFabric::Tcp);
+}
