@@ -268,6 +268,11 @@ impl HostQueue {
             .unwrap();
     }
 
+    /// The CID given to the last command sent.
+    pub fn last_cid(&self) -> u16 {
+        self.next_cid.wrapping_sub(1)
+    }
+
     /// Polls the host CQ once (drives the soft TCP fabric on this side).
     pub fn poll_once(&mut self) {
         let mut wcs = [WorkCompletion::default(); 8];

@@ -4,7 +4,9 @@
 //! Features, an I/O queue, Write by keyed SGL and in capsule, Read back by keyed SGL (RDMA
 //! WRITE by the target) with the data verified, Flush, an LBA out of range, Disconnect, and a
 //! wrong rkey (the target's READ fails: the qpair drains and nothing leaks).
+//! The other admin and NVM commands over the fabric are in `commands`.
 
+mod commands;
 mod daemon;
 mod gate;
 mod host;
@@ -713,4 +715,24 @@ fn session_inproc() {
 #[test]
 fn session_tcp() {
     full_session(SoftFabric::Tcp);
+}
+
+#[test]
+fn commands_inproc() {
+    commands::commands(SoftFabric::InProcess);
+}
+
+#[test]
+fn commands_tcp() {
+    commands::commands(SoftFabric::Tcp);
+}
+
+#[test]
+fn abort_outstanding_inproc() {
+    commands::abort_outstanding(SoftFabric::InProcess);
+}
+
+#[test]
+fn abort_outstanding_tcp() {
+    commands::abort_outstanding(SoftFabric::Tcp);
 }
