@@ -545,16 +545,6 @@ fn stop_waits_for_block_io(fabric: SoftFabric) {
     drop(admin);
 }
 
-#[test]
-fn stop_waits_for_block_io_inproc() {
-    stop_waits_for_block_io(SoftFabric::InProcess);
-}
-
-#[test]
-fn stop_waits_for_block_io_tcp() {
-    stop_waits_for_block_io(SoftFabric::Tcp);
-}
-
 /// A controller whose keep-alive expired is torn down: the target disconnects its admin and
 /// I/O qpairs by itself and frees everything.
 fn keep_alive_expiry(fabric: SoftFabric) {
@@ -572,26 +562,6 @@ fn keep_alive_expiry(fabric: SoftFabric) {
     wait_until("everything back", || {
         rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
     });
-}
-
-#[test]
-fn keep_alive_expiry_inproc() {
-    keep_alive_expiry(SoftFabric::InProcess);
-}
-
-#[test]
-fn keep_alive_expiry_tcp() {
-    keep_alive_expiry(SoftFabric::Tcp);
-}
-
-#[test]
-fn abort_in_flight_inproc() {
-    abort_in_flight(SoftFabric::InProcess);
-}
-
-#[test]
-fn abort_in_flight_tcp() {
-    abort_in_flight(SoftFabric::Tcp);
 }
 
 /// An Asynchronous Event Request waits in the target (the reactors may sleep meanwhile) and is
@@ -622,16 +592,6 @@ fn async_event(fabric: SoftFabric) {
     wait_until("everything back", || {
         rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
     });
-}
-
-#[test]
-fn async_event_inproc() {
-    async_event(SoftFabric::InProcess);
-}
-
-#[test]
-fn async_event_tcp() {
-    async_event(SoftFabric::Tcp);
 }
 
 /// 16 writes of 64 KiB at once need twice the group's data buffers: the later ones wait for
@@ -687,52 +647,30 @@ fn queue_full(fabric: SoftFabric) {
     });
 }
 
-#[test]
-fn queue_full_inproc() {
-    queue_full(SoftFabric::InProcess);
+/// Each scenario runs on both soft fabrics, as `NAME_inproc` and `NAME_tcp`.
+macro_rules! on_both_fabrics {
+    ($($inproc:ident, $tcp:ident => $scenario:path;)*) => {
+        $(
+            #[test]
+            fn $inproc() {
+                $scenario(SoftFabric::InProcess);
+            }
+            #[test]
+            fn $tcp() {
+                $scenario(SoftFabric::Tcp);
+            }
+        )*
+    };
 }
 
-#[test]
-fn queue_full_tcp() {
-    queue_full(SoftFabric::Tcp);
-}
-
-#[test]
-fn discovery_inproc() {
-    discovery(SoftFabric::InProcess);
-}
-
-#[test]
-fn discovery_tcp() {
-    discovery(SoftFabric::Tcp);
-}
-
-#[test]
-fn session_inproc() {
-    full_session(SoftFabric::InProcess);
-}
-
-#[test]
-fn session_tcp() {
-    full_session(SoftFabric::Tcp);
-}
-
-#[test]
-fn commands_inproc() {
-    commands::commands(SoftFabric::InProcess);
-}
-
-#[test]
-fn commands_tcp() {
-    commands::commands(SoftFabric::Tcp);
-}
-
-#[test]
-fn abort_outstanding_inproc() {
-    commands::abort_outstanding(SoftFabric::InProcess);
-}
-
-#[test]
-fn abort_outstanding_tcp() {
-    commands::abort_outstanding(SoftFabric::Tcp);
+on_both_fabrics! {
+    stop_waits_for_block_io_inproc, stop_waits_for_block_io_tcp => stop_waits_for_block_io;
+    keep_alive_expiry_inproc, keep_alive_expiry_tcp => keep_alive_expiry;
+    abort_in_flight_inproc, abort_in_flight_tcp => abort_in_flight;
+    async_event_inproc, async_event_tcp => async_event;
+    queue_full_inproc, queue_full_tcp => queue_full;
+    discovery_inproc, discovery_tcp => discovery;
+    session_inproc, session_tcp => full_session;
+    commands_inproc, commands_tcp => commands::commands;
+    abort_outstanding_inproc, abort_outstanding_tcp => commands::abort_outstanding;
 }
