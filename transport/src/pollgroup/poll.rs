@@ -501,7 +501,8 @@ mod tests {
         fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
     }
 
-    fn group(name: &str) -> (PollGroup<()>, u32) {
+    /// A soft in-process device and a tiny group configuration for unit tests.
+    fn tiny(name: &str) -> (Context, PollGroupConfig) {
         let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
             name: format!("pg-unit-{name}-{}", std::process::id()),
             fabric: SoftFabric::InProcess,
@@ -518,6 +519,11 @@ mod tests {
             in_capsule_data_size: 0,
             ..PollGroupConfig::default()
         };
+        (ctx, cfg)
+    }
+
+    fn group(name: &str) -> (PollGroup<()>, u32) {
+        let (ctx, cfg) = tiny(name);
         let mut pg = PollGroup::<()>::new(&ctx, cfg).unwrap();
         let qp = pg.create_qp().unwrap();
         let qpn = pg.add_qp(qp, 4, 4, 0).unwrap();
@@ -604,22 +610,7 @@ mod tests {
     /// either order.
     #[test]
     fn a_host_request_needs_its_send_and_its_response_in_either_order() {
-        let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
-            name: format!("pg-unit-host-{}", std::process::id()),
-            fabric: SoftFabric::InProcess,
-            ..SoftConfig::default()
-        }))
-        .unwrap();
-        let cfg = PollGroupConfig {
-            srq_depth: 8,
-            max_qpairs: 2,
-            max_queue_depth: 4,
-            max_requests: 2,
-            data_buffers: 2,
-            io_unit_size: 4096,
-            in_capsule_data_size: 0,
-            ..PollGroupConfig::default()
-        };
+        let (ctx, cfg) = tiny("host");
         let mut pg = PollGroup::<()>::new_host(&ctx, cfg, crate::pollgroup::RecvMode::Srq).unwrap();
         let qp = pg.create_qp().unwrap();
         let qpn = pg.add_qp(qp, 4, 1, 0).unwrap();
