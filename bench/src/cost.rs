@@ -42,12 +42,11 @@ pub fn run(ios: u64, depth: usize, workload: &str, core: usize) -> Result<u64> {
         verify: false,
     };
     let run = host::Run::new(&mut controllers, 1, spec, Some(ios))?;
-    let (report, mut queues) = run.drive(
+    let (report, queues) = run.drive(
         &target.runtime().reactors()[0],
         &mut controllers,
         Duration::from_secs(3600),
     )?;
-    queues.iter_mut().for_each(|q| q.disconnect("done"));
     drop(queues);
     for mut c in controllers {
         let _ = c.shutdown();

@@ -225,15 +225,12 @@ pub fn qpairs(
     port: u16,
     work_dir: &Path,
 ) -> Result<Section> {
-    let most = counts.iter().copied().max().unwrap_or(1);
-    let controllers_most = most.div_ceil(host::QUEUES_PER_CONTROLLER);
     let (inproc, daemon, transport) = match fabric_name {
         "inproc" => (
-            // Every I/O qpair plus each controller's admin qpair on the one group.
             Some(InProcessTarget::start(
                 common.target_core,
                 common.pin(),
-                Some((most + controllers_most) as u32),
+                None,
             )?),
             None,
             "soft",
@@ -268,7 +265,9 @@ pub fn qpairs(
     let mut c = Collector::default();
     let rss_before = rss()?;
     for _ in 0..common.runs.max(1) {
-        for &count in counts {
+        for &asked in counts {
+            let count = io_qpairs(asked);
+            let controllers_used = count.div_ceil(host::QUEUES_PER_CONTROLLER);
             let active = count.min(total_depth).max(1);
             let depth = (total_depth / active).max(1);
             let mut controllers = host::connect(&fabric, &address, count, depth as u16)?;
@@ -281,11 +280,9 @@ pub fn qpairs(
                 verify: false,
             };
             let run = host::Run::new(&mut controllers, active, spec, None)?;
-            let (report, mut queues) =
+            let (report, queues) =
                 run.drive(&runtime.reactors()[0], &mut controllers, common.duration())?;
-            for q in &mut queues {
-                q.disconnect("benchmark done");
-            }
+            // Dropping a queue disconnects it (quietly, unlike `disconnect`).
             drop(queues);
             for mut ctrl in controllers {
                 let _ = ctrl.shutdown();
@@ -293,14 +290,17 @@ pub fn qpairs(
             if !report.passed() {
                 bail!("{count} qpairs: {:?}", report.errors);
             }
-            let case = format!("{count} qpairs, {active} x QD {depth}");
+            let case = format!(
+                "{} qpairs ({count} I/O + {controllers_used} admin), {active} x QD {depth}",
+                count + controllers_used
+            );
             c.add(&case, "IOPS", report.total.iops);
             c.add(&case, "avg us", report.total.avg_us);
             c.add(&case, "RSS MiB", connected_rss);
             c.add(
                 &case,
                 "RSS KiB per qpair",
-                (connected_rss - rss_before) * 1024.0 / count as f64,
+                (connected_rss - rss_before) * 1024.0 / (count + controllers_used) as f64,
             );
         }
     }
@@ -314,7 +314,8 @@ pub fn qpairs(
     let whose = if fabric_name == "tcp" {
         "nvmf-tgt's own RSS (separate process)"
     } else {
-        "the whole process's RSS (target and host: the host holds a poll group per queue)"
+        "the whole process's RSS (target and host together: the host holds a poll group per \
+         queue)"
     };
     Ok(Section {
         id: format!("qpairs-{fabric_name}"),
@@ -327,9 +328,23 @@ pub fn qpairs(
         notes: vec![format!(
             "RSS: {whose}, measured with every qpair connected; per qpair = (RSS - RSS before \
              any connection, {rss_before:.1} MiB) / qpairs. Each controller adds an admin qpair \
-             (64 I/O queues per controller)."
+             (64 I/O queues per controller); a poll group holds 1024 qpairs, so 1024 asked is \
+             1008 I/O + 16 admin."
         )],
     })
+}
+
+/// Qpairs one poll group holds by default (nvmf-tgt's `PollGroupConfig::max_qpairs`).
+const GROUP_QPAIRS: usize = 1024;
+
+/// I/O qpairs for `asked`, fewer when they and their controllers' admin qpairs (one per 64)
+/// would not fit one poll group: 1024 asked gives 1008 I/O + 16 admin = 1024.
+fn io_qpairs(asked: usize) -> usize {
+    let mut io = asked.max(1);
+    while io > 1 && io + io.div_ceil(host::QUEUES_PER_CONTROLLER) > GROUP_QPAIRS {
+        io -= 1;
+    }
+    io
 }
 
 /// Adds "share of wire" to the in-process rows: IOPS over the wire bound of one target core,
@@ -369,5 +384,19 @@ pub fn add_wire_share(sections: &mut [Section]) {
              1 / SEND rate) = {:.0} IOPS from (a)'s medians.",
             bound
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::io_qpairs;
+
+    #[test]
+    fn qpairs_fit_one_poll_group_with_their_admin_queues() {
+        assert_eq!(io_qpairs(1), 1);
+        assert_eq!(io_qpairs(64), 64);
+        assert_eq!(io_qpairs(1024), 1008);
+        let io = io_qpairs(1024);
+        assert!(io + io.div_ceil(64) <= 1024);
     }
 }

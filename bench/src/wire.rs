@@ -4,9 +4,14 @@
 //! keeps receives posted and reaps them. Each thread is pinned to its own core. On this fabric
 //! the requester's post executes the transfer (key checks, copy, the responder's completion),
 //! so the requester's core is the one that saturates.
+//!
+//! Flow control as NVMe-oF has it: a SEND counts as in flight until the responder has reaped
+//! it and posted its receive again (a host never has more capsules out than the queue depth),
+//! so the requester never meets an empty receive queue (RNR and its timer would measure the
+//! retry delay, not the fabric). A WRITE is in flight until its own completion.
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
@@ -142,7 +147,7 @@ pub fn measure(spec: &WireSpec) -> Result<f64> {
     if size == 0 || spec.window == 0 {
         bail!("size and window must be above 0");
     }
-    let window = spec.window.min(8192);
+    let window = spec.window.min(RECV_DEPTH);
     let caps = |send: u32, recv: u32| QpCaps {
         max_send_wr: send,
         max_recv_wr: recv,
@@ -183,9 +188,12 @@ pub fn measure(spec: &WireSpec) -> Result<f64> {
         }
     }
     let stop = AtomicBool::new(false);
+    // SEND: messages the responder reaped and re-posted a receive for.
+    let consumed = AtomicU64::new(0);
     let spec = *spec;
     std::thread::scope(|scope| -> Result<f64> {
         let stop = &stop;
+        let consumed = &consumed;
         let responder_thread = scope.spawn(move || -> Result<()> {
             pin(spec.responder_core, spec.pin);
             let sge = [responder.mr.sge(0, size)];
@@ -203,6 +211,7 @@ pub fn measure(spec: &WireSpec) -> Result<f64> {
                         .qp
                         .post_recv(&wrs[..n])
                         .map_err(|e| anyhow::anyhow!("post_recv: {e:?}"))?;
+                    consumed.fetch_add(n as u64, Ordering::Release);
                 }
             }
             Ok(())
@@ -231,7 +240,13 @@ pub fn measure(spec: &WireSpec) -> Result<f64> {
             let end = start + WARMUP + spec.duration;
             let mut loops = 0u32;
             loop {
-                let room = (u64::from(window) - (posted - completed)) as usize;
+                // In flight: until completed (WRITE) or until the responder re-posted (SEND).
+                let retired = if receiving {
+                    consumed.load(Ordering::Acquire).min(completed)
+                } else {
+                    completed
+                };
+                let room = (u64::from(window) - (posted - retired)) as usize;
                 if room > 0 {
                     let k = room.min(BATCH);
                     requester
@@ -256,13 +271,15 @@ pub fn measure(spec: &WireSpec) -> Result<f64> {
             }
             let (t0, c0) = measured.unwrap_or((start, 0));
             let rate = (completed - c0) as f64 / t0.elapsed().as_secs_f64();
-            stop.store(true, Ordering::Relaxed);
             // Let the last WRs finish before the QPs go.
             let deadline = Instant::now() + Duration::from_secs(5);
-            while completed < posted && Instant::now() < deadline {
+            while (completed < posted || (receiving && consumed.load(Ordering::Acquire) < posted))
+                && Instant::now() < deadline
+            {
                 let n = requester.cq.poll(&mut wcs)?;
                 completed += n as u64;
             }
+            stop.store(true, Ordering::Relaxed);
             Ok(rate)
         });
         let rate = requester_thread
