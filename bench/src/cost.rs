@@ -87,9 +87,11 @@ fn top_functions(file: &Path, n: usize) -> Result<Vec<(u64, f64, String)>> {
     Ok(parse_annotate(&String::from_utf8_lossy(&out.stdout), n))
 }
 
-/// Parses callgrind_annotate's function table ("1,234 (12.5%)  file:function").
+/// Parses callgrind_annotate's function table ("1,234 (12.5%)  file:function [object]"),
+/// adding up the rows of one function (the table splits a function by the source file its
+/// inlined code came from), largest first.
 fn parse_annotate(text: &str, n: usize) -> Vec<(u64, f64, String)> {
-    let mut rows = Vec::new();
+    let mut rows: Vec<(u64, f64, String)> = Vec::new();
     let mut in_table = false;
     for line in text.lines() {
         if line.contains("file:function") {
@@ -117,13 +119,22 @@ fn parse_annotate(text: &str, n: usize) -> Vec<(u64, f64, String)> {
             },
             None => (0.0, rest),
         };
-        // "???:name" or "path/file.rs:name": keep the function, shorten generic noise.
-        let func = func.split_once(':').map(|(_, f)| f).unwrap_or(func);
-        rows.push((ir, pct, func.to_string()));
-        if rows.len() >= n {
-            break;
+        // "path/file.rs:name [object]": keep the name.
+        let func = func.rsplit_once(" [").map_or(func, |(f, _)| f);
+        let func = match func.split_once(".rs:").or_else(|| func.split_once(".S:")) {
+            Some((_, name)) => name,
+            None => func.strip_prefix("???:").unwrap_or(func),
+        };
+        match rows.iter_mut().find(|r| r.2 == func) {
+            Some(r) => {
+                r.0 += ir;
+                r.1 += pct;
+            }
+            None => rows.push((ir, pct, func.to_string())),
         }
     }
+    rows.sort_by(|a, b| b.0.cmp(&a.0));
+    rows.truncate(n);
     rows
 }
 
@@ -223,14 +234,16 @@ Ir                  file:function
 --------------------------------------------------------------------------------
 1,000,000 (50.00%)  ???:nvmf_transport::soft::cq::poll [/x/nvmf-bench]
   250,000 (12.50%)  /rustc/abc/library/core/src/ptr.rs:memcpy [/x/nvmf-bench]
+  100,000 ( 5.00%)  transport/src/soft/cq.rs:nvmf_transport::soft::cq::poll [/x/nvmf-bench]
 
 --------------------------------------------------------------------------------
 ";
         let rows = parse_annotate(text, 10);
         assert_eq!(rows.len(), 2);
-        assert_eq!(rows[0].0, 1_000_000);
-        assert_eq!(rows[0].1, 50.0);
-        assert!(rows[0].2.starts_with("nvmf_transport::soft::cq::poll"));
+        assert_eq!(rows[0].0, 1_100_000, "one function's rows add up");
+        assert_eq!(rows[0].1, 55.0);
+        assert_eq!(rows[0].2, "nvmf_transport::soft::cq::poll");
+        assert_eq!(rows[1].2, "memcpy");
         assert_eq!(rows[1].0, 250_000);
         assert_eq!(parse_annotate(text, 1).len(), 1);
     }

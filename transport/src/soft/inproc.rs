@@ -44,14 +44,14 @@ pub(crate) enum Outcome {
     Fail(WcStatus),
 }
 
-// Lives on the stack for one work request; boxing the list would allocate on the fast path.
-#[allow(clippy::large_enum_variant)]
-enum Src<'a> {
-    Sg(SgList<'a>),
-    Bytes(&'a [u8]),
+/// A WR's source: its validated SGEs (a list the caller keeps on its stack; moving a list
+/// copies its whole capacity) or inline bytes.
+enum Src<'s, 'a> {
+    Sg(&'s SgList<'a>),
+    Bytes(&'s [u8]),
 }
 
-impl Src<'_> {
+impl Src<'_, '_> {
     fn len(&self) -> u64 {
         match self {
             Src::Sg(l) => l.total(),
@@ -113,11 +113,14 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
     } else {
         Access::empty()
     };
+    let mut local = SgList::new();
     let src = match wr.data {
-        Data::Sges(sges) => match mem::resolve_local(&req.dev().keys, req.pd(), sges, local_need) {
-            Ok(l) => Src::Sg(l),
-            Err(_) => return Outcome::Fail(WcStatus::LocProtErr),
-        },
+        Data::Sges(sges) => {
+            match mem::resolve_local_into(&mut local, &req.dev().keys, req.pd(), sges, local_need) {
+                Ok(()) => Src::Sg(&local),
+                Err(_) => return Outcome::Fail(WcStatus::LocProtErr),
+            }
+        }
         Data::Bytes(b) => Src::Bytes(b),
     };
     if let Err(o) = responder_ready(peer) {
@@ -162,7 +165,7 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
             }
         }
         SendOp::RdmaRead { remote_addr, rkey } => {
-            let Src::Sg(local) = &src else {
+            let Src::Sg(local) = src else {
                 return Outcome::Fail(WcStatus::LocQpOpErr);
             };
             if len == 0 {
@@ -192,7 +195,7 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
 fn deliver(
     req: &QpShared,
     peer: &Arc<QpShared>,
-    src: &Src<'_>,
+    src: &Src<'_, '_>,
     wr: &WrView<'_>,
     imm: Option<u32>,
     inv: Option<u32>,
@@ -206,7 +209,7 @@ fn deliver(
 fn deliver_inner(
     req: &QpShared,
     peer: &Arc<QpShared>,
-    src: &Src<'_>,
+    src: &Src<'_, '_>,
     wr: &WrView<'_>,
     imm: Option<u32>,
     inv: Option<u32>,
@@ -254,16 +257,18 @@ fn deliver_inner(
         );
         peer.enter_err(false);
     };
+    let mut recv_dst = SgList::new();
     let dst = if write.is_some() {
-        write_dst
+        &write_dst
     } else {
-        match mem::resolve_local(
+        match mem::resolve_local_into(
+            &mut recv_dst,
             &peer.dev().keys,
             peer.recv_pd(),
             recv.sges(),
             Access::LOCAL_WRITE,
         ) {
-            Ok(d) => d,
+            Ok(()) => &recv_dst,
             Err(_) => {
                 fail_recv(WcStatus::LocProtErr);
                 return Outcome::Fail(WcStatus::RemOpErr);
@@ -280,7 +285,7 @@ fn deliver_inner(
             return Outcome::Fail(WcStatus::RemOpErr);
         }
     }
-    src.copy_to(&dst);
+    src.copy_to(dst);
     peer.complete_recv(
         WorkCompletion {
             wr_id: recv.wr_id,

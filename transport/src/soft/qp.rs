@@ -948,13 +948,14 @@ impl SoftQp {
         super::fault::fail_qp(&self.sh);
     }
 
-    fn cached_peer(&mut self) -> Option<Arc<QpShared>> {
+    /// Refresh `peer` when the link changed. Callers borrow it rather than clone it: an `Arc`
+    /// clone is two atomic read-modify-writes per work request.
+    fn refresh_peer(&mut self) {
         let epoch = self.sh.link_epoch.load(Ordering::Acquire);
         if epoch != self.peer_epoch || self.peer.is_none() {
             self.peer = self.sh.peer_locked(&mut self.sh.lock());
             self.peer_epoch = epoch;
         }
-        self.peer.clone()
     }
 
     fn post_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
@@ -1029,14 +1030,14 @@ impl SoftQp {
             }
         }
         // Fast path: execute now on this thread.
-        let peer = self.cached_peer();
-        let sh = &self.sh;
+        self.refresh_peer();
+        let (sh, peer) = (&self.sh, self.peer.as_ref());
         let view = WrView {
             op: wr.op,
             data: Data::Sges(wr.sges),
             solicited: wr.flags.contains(SendFlags::SOLICITED),
         };
-        let outcome = match &peer {
+        let outcome = match peer {
             _ if is_local(&wr.op) => local_outcome(sh.execute_local(&wr.op)),
             Some(p) => inproc::execute(sh, p, &view),
             None => Outcome::Fail(WcStatus::RetryExcErr),
