@@ -133,7 +133,7 @@ fn parse_annotate(text: &str, n: usize) -> Vec<(u64, f64, String)> {
             None => rows.push((ir, pct, func.to_string())),
         }
     }
-    rows.sort_by(|a, b| b.0.cmp(&a.0));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
     rows.truncate(n);
     rows
 }
