@@ -958,7 +958,9 @@ impl SoftQp {
         }
     }
 
-    fn post_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
+    /// Post one WR; `last`: the last of its list (the TCP fabric writes the list's frames
+    /// then, in one go).
+    fn post_one(&mut self, wr: &SendWr<'_>, last: bool) -> Result<()> {
         let sh = &self.sh;
         let st = sh.state();
         if st != QpState::Rts && st != QpState::Err {
@@ -998,7 +1000,7 @@ impl SoftQp {
             let sh = self.sh.clone();
             let mut g = sh.lock();
             match sh.entry_from(&mut g, seq, wr, signaled) {
-                Ok(e) => tcp::post(&sh, &mut g, e),
+                Ok(e) => tcp::post(&sh, &mut g, e, last),
                 Err(status) => {
                     sh.complete_send(seq, wr.wr_id, &wr.op, status, 0, true);
                     sh.enter_err_locked(&mut g);
@@ -1126,10 +1128,16 @@ impl QpOps for SoftQp {
     }
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         for (i, wr) in wrs.iter().enumerate() {
-            self.post_one(wr).map_err(|error| PostError {
-                failed_index: i,
-                error,
-            })?;
+            if let Err(error) = self.post_one(wr, i + 1 == wrs.len()) {
+                if i > 0 && self.sh.fabric == SoftFabric::Tcp {
+                    // The WRs before the refused one are posted: put them on the wire.
+                    tcp::flush_posted(&self.sh, &mut self.sh.lock());
+                }
+                return Err(PostError {
+                    failed_index: i,
+                    error,
+                });
+            }
         }
         Ok(())
     }

@@ -568,8 +568,10 @@ fn lost(qp: &QpShared, slow: &mut Slow) {
     }
 }
 
-/// Post one WR (under the QP lock).
-pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
+/// Post one WR (under the QP lock). `flush`: write the connection's output now; a list of WRs
+/// flushes after its last one only, so a chain (NVMe-oF: data WRITEs + the response SEND)
+/// leaves in one write syscall and one TCP segment instead of one per WR.
+pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry, flush: bool) {
     if slow.sq.is_empty() && super::qp::is_local(&e.op) {
         // Nothing before it: a local operation runs now, connection or not.
         match qp.execute_local(&e.op) {
@@ -607,7 +609,9 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
         if let Err((i, status)) = transmit_pending(qp, &mut conn, &mut slow.sq) {
             fail_at(qp, slow, i, status);
         }
-        conn.flush();
+        if flush {
+            conn.flush();
+        }
     }
     let dead = conn.dead;
     slow.conn = Some(conn);
@@ -617,6 +621,18 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
         return;
     }
     complete_local_heads(qp, slow);
+}
+
+/// Write what earlier `post(.., flush: false)` calls left in the connection's output (a list
+/// of WRs that stopped early on a bad WR).
+pub(crate) fn flush_posted(qp: &QpShared, slow: &mut Slow) {
+    let Some(conn) = slow.conn.as_mut() else {
+        return;
+    };
+    conn.flush();
+    if conn.dead {
+        lost(qp, slow);
+    }
 }
 
 /// Local operations (window bind, local invalidation) at the head of the send queue that have
