@@ -821,21 +821,31 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                 conn.inb.resize(need.max(conn.inb.len() + 64 * 1024), 0);
             }
             let in_len = conn.in_len;
-            match conn.stream.read(&mut conn.inb[in_len..]) {
+            let space = conn.inb.len() - in_len;
+            // A read shorter than the room offered emptied the socket: stop after handling it
+            // rather than pay another read for its WouldBlock (data arriving later raises a
+            // new edge-triggered event). Saves one syscall per readiness.
+            let drained = match conn.stream.read(&mut conn.inb[in_len..]) {
                 Ok(0) => {
                     conn.dead = true;
                     break;
                 }
-                Ok(n) => conn.in_len += n,
+                Ok(n) => {
+                    conn.in_len += n;
+                    n < space
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => {
                     conn.dead = true;
                     break;
                 }
-            }
+            };
             if !handle_frames(qp, slow, &mut conn) {
                 conn.dead = true;
+                break;
+            }
+            if drained {
                 break;
             }
         }
