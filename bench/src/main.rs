@@ -278,3 +278,25 @@ fn main() -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_flag_of_every_subcommand_is_documented() {
+        let cmd = super::Cli::command();
+        cmd.clone().debug_assert();
+        for sub in cmd.get_subcommands() {
+            assert!(sub.get_about().is_some(), "{} has no help", sub.get_name());
+            for arg in sub.get_arguments() {
+                assert!(
+                    arg.get_help().is_some(),
+                    "{} --{} has no help",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+            }
+        }
+    }
+}
