@@ -176,10 +176,7 @@ pub fn run(config: &Config) -> Result<()> {
         .iter()
         .map(|_| ReactorIo::new(target.clone()))
         .collect();
-    let stats = Stats::new(
-        target.clone(),
-        io.iter().map(|i| i.counters().clone()).collect(),
-    );
+    let mut stats = Stats::new(target.clone());
     {
         let target = target.clone();
         runtime.reactors()[0]
@@ -205,14 +202,18 @@ pub fn run(config: &Config) -> Result<()> {
         let now = Instant::now();
         let dump = signals.dump.swap(false, Ordering::Relaxed);
         if dump || now >= next_stats {
-            let snapshot = stats.collect(&runtime);
-            if dump {
-                snapshot.log();
-            }
-            if let Some(path) = &config.daemon.stats_file {
-                if let Err(e) = snapshot.write_file(path) {
-                    tracing::warn!("stats file {}: {e}", path.display());
+            match stats.collect(&runtime, &transport) {
+                Ok(snapshot) => {
+                    if dump {
+                        snapshot.log();
+                    }
+                    if let Some(path) = &config.daemon.stats_file {
+                        if let Err(e) = snapshot.write_file(path) {
+                            tracing::warn!("stats file {}: {e}", path.display());
+                        }
+                    }
                 }
+                Err(e) => tracing::warn!("statistics: {e:#}"),
             }
             next_stats = now + interval;
         }
