@@ -55,13 +55,14 @@ tgt_listening() {   # fails at once (2) when the daemon has exited
   listening "$IP:$PORT"
 }
 # nvmf-tgt's own view, from its statistics file ([daemon] stats_file in nvmf-tgt.toml; fields in
-# configs/README.md): SIGUSR1 makes it write a fresh snapshot, numbered by .sequence.
+# configs/README.md): SIGUSR1 makes it write a snapshot collected after the signal, which
+# counts it in .signals.
 TGT_STATS=/tmp/nvmf-tgt-stats.json
-stats_sequence() { jq -r '.sequence // 0' "$TGT_STATS" 2>/dev/null || echo 0; }
-tgt_stats() {   # SIGUSR1, then waits until the file is rewritten after it; fails (2) when it never is
-  local before; before=$(stats_sequence)
+stats_signals() { jq -r '.signals // 0' "$TGT_STATS" 2>/dev/null || echo 0; }
+tgt_stats() {   # SIGUSR1, then waits for the snapshot taken after it; fails (2) when none comes
+  local before; before=$(stats_signals)
   kill -USR1 "$TGT" 2>/dev/null || { echo "nvmf-tgt is not running"; return 2; }
-  wait_for 10 eval '[ "$(stats_sequence)" -gt '"$before"' ]' || { echo "$TGT_STATS not rewritten after SIGUSR1"; return 2; }
+  wait_for 10 eval '[ "$(stats_signals)" -gt '"$before"' ]' || { echo "$TGT_STATS not rewritten after SIGUSR1"; return 2; }
 }
 tgt_settled() {   # tgt_settled N: a fresh snapshot shows N qpairs in all and no receive slot held
   tgt_stats || return
@@ -69,7 +70,7 @@ tgt_settled() {   # tgt_settled N: a fresh snapshot shows N qpairs in all and no
 }
 tgt_holds() {   # tgt_holds N: nvmf-tgt settles on N qpairs with every receive slot back (within 30 s)
   wait_for 30 tgt_settled "$1"; local rc=$?
-  jq '{sequence, qpairs, recv_slots_held, groups: [.reactors[].groups[] | {device_name, qpairs,
+  jq '{sequence, signals, qpairs, recv_slots_held, groups: [.reactors[].groups[] | {device_name, qpairs,
       recv_slots, requests, errors: (.counters | {recv_slot_errors, stale_completions, kind_mismatches, overruns})}]}' \
     "$TGT_STATS"
   [ $rc -eq 0 ] || echo "nvmf-tgt's statistics never showed $1 qpair(s) with no receive slot held"

@@ -342,6 +342,17 @@ fn bring_up_identify_features_and_io() {
         generic(&h.exec(&mut aq, admin_cmd(0x06, 9, 3, 0), &mut page)),
         Some(GenericStatus::InvalidNamespaceOrFormat)
     );
+    // NSID FFFFFFFFh (capabilities common to all namespaces) needs Namespace Management,
+    // which this controller lacks (OACS bit 3 clear): Invalid Namespace or Format.
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x06, 0xFFFF_FFFF, 0, 0), &mut page)),
+        Some(GenericStatus::InvalidNamespaceOrFormat)
+    );
+    let mut raw = vec![0u8; 4096];
+    h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut raw);
+    let id = IdentifyController::decode(&raw).unwrap();
+    assert_eq!(id.oacs & (1 << 3), 0, "no Namespace Management");
+    assert_eq!(id.lpa & 1, 0, "no per-namespace SMART");
 
     // Features.
     let nq = h.exec(&mut aq, admin_cmd(0x09, 0, 0x07, (3 << 16) | 3), &mut []);
@@ -505,6 +516,23 @@ fn bring_up_identify_features_and_io() {
     let e = nvmf_protocol::log::ErrorLogEntry::decode(&errors).unwrap();
     assert_eq!(e.sqid, 1);
     assert_eq!(e.opcode, 0x05);
+
+    // NSID 0 asks for the controller's log too; a namespace's NSID is Invalid Field (no
+    // per-namespace SMART: LPA bit 0 clear), for an active namespace as for any other.
+    let mut by_zero = vec![0u8; 512];
+    let mut zero = get_log(0x02, 512, 0);
+    zero.nsid = 0;
+    assert!(h.exec(&mut aq, zero, &mut by_zero).status.is_success());
+    assert!(by_zero == smart);
+    for nsid in [1, 2, 9] {
+        let mut per_ns = get_log(0x02, 512, 0);
+        per_ns.nsid = nsid;
+        assert_eq!(
+            generic(&h.exec(&mut aq, per_ns, &mut vec![0u8; 512])),
+            Some(GenericStatus::InvalidField),
+            "SMART for NSID {nsid}"
+        );
+    }
 
     // Disconnect of the I/O queue; shutdown of the controller.
     let disc = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);

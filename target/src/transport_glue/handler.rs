@@ -24,7 +24,7 @@ use nvmf_transport::{Access, Mr, SendOp, Sge, WcStatus};
 use slab::Slab;
 
 use crate::bdev::IoBuf;
-use crate::nvme::status::INTERNAL_ERROR;
+use crate::nvme::status::{ABORTED_BY_REQUEST, INTERNAL_ERROR};
 use crate::nvme::xfer::{self, Keyed, Placement};
 use crate::nvme::{Direction, Exec, Queue, QueueState, ReactorIo, Target};
 
@@ -64,6 +64,8 @@ pub struct NvmeHandler {
     disconnects: Vec<u32>,
     /// Completions reaped in one poll (capacity kept).
     completions: Vec<(u64, Cqe)>,
+    /// Abort requests taken on a tick: (victim's qp_num, victim cid, Abort cid).
+    aborts: Vec<(u32, u16, u16)>,
 }
 
 impl NvmeHandler {
@@ -77,6 +79,7 @@ impl NvmeHandler {
             responses: None,
             disconnects: Vec::new(),
             completions: Vec::new(),
+            aborts: Vec::new(),
         }
     }
 
@@ -315,8 +318,11 @@ impl NvmeHandler {
             Self::finish(pg, req);
             return;
         };
-        let event =
-            slot.queue.qid() == Some(0) && sqe.opcode == AdminOpcode::AsyncEventRequest.raw();
+        // Answered by an event, not by block I/O: an AER, or an Abort waiting for its
+        // victim's queue to decide.
+        let event = slot.queue.qid() == Some(0)
+            && (sqe.opcode == AdminOpcode::AsyncEventRequest.raw()
+                || sqe.opcode == AdminOpcode::Abort.raw());
         let entry = self.pending.vacant_entry();
         let tag = entry.key();
         let exec = {
@@ -435,6 +441,48 @@ impl NvmeHandler {
         } else {
             self.respond(pg, req, cqe);
         }
+    }
+
+    /// Abort commands aimed at this group's I/O queues: a victim that has not started (waiting
+    /// for data buffers, or its RDMA READs waiting for read depth or send-queue room) is
+    /// answered Command Abort Requested, with its buffers and capsule slot going back as for
+    /// any answered command; anything else is declined.
+    fn serve_aborts(&mut self, pg: &mut PollGroup<Command>) {
+        let mut asked = std::mem::take(&mut self.aborts);
+        for (&qp_num, slot) in &self.queues {
+            if !slot.gone {
+                slot.queue
+                    .take_aborts(&mut |cid, abort_cid| asked.push((qp_num, cid, abort_cid)));
+            }
+        }
+        for (qp_num, cid, abort_cid) in asked.drain(..) {
+            let aborted = self.abort_waiting(pg, qp_num, cid);
+            tracing::debug!(qp_num, cid, aborted, "abort");
+            if let Some(slot) = self.queues.get(&qp_num) {
+                slot.queue.answer_abort(abort_cid, aborted);
+            }
+        }
+        self.aborts = asked;
+    }
+
+    /// Aborts command `cid` of `qp_num` if it has not started; whether it did.
+    fn abort_waiting(&mut self, pg: &mut PollGroup<Command>, qp_num: u32, cid: u16) -> bool {
+        let victim = pg.requests_of(qp_num).find(|&r| {
+            pg.request(r).is_some_and(|r| {
+                r.user.sqe.cid == cid
+                    && matches!(
+                        r.user.state(),
+                        CommandState::NeedBuffer | CommandState::ReadingData
+                    )
+            })
+        });
+        // READs already on the wire cannot be called back: declined.
+        let Some(req) = victim.filter(|&r| pg.cancel_wait(r)) else {
+            return false;
+        };
+        pg.release_capsule(req);
+        self.fail(pg, req, qp_num, ABORTED_BY_REQUEST);
+        true
     }
 
     /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
@@ -569,6 +617,7 @@ impl Handler<Command> for NvmeHandler {
             self.complete(pg, tag, cqe);
         }
         self.completions = done;
+        self.serve_aborts(pg);
     }
 
     fn busy(&self) -> bool {

@@ -216,11 +216,13 @@ fn file_namespace_keeps_flushed_data_across_a_restart() {
     assert!(status.success(), "second daemon: {status}");
 }
 
-/// The stats file as it is after SIGUSR1: the first snapshot written after the signal.
+/// The stats file as it is after SIGUSR1: the first snapshot collected after the signal (its
+/// `signals` count grew; `sequence` alone could name one collected before it and written
+/// after).
 fn fresh_stats(daemon: &Daemon, path: &std::path::Path) -> serde_json::Value {
     let read =
         || -> Option<serde_json::Value> { serde_json::from_slice(&std::fs::read(path).ok()?).ok() };
-    let before = read().and_then(|v| v["sequence"].as_u64()).unwrap_or(0);
+    let before = read().and_then(|v| v["signals"].as_u64()).unwrap_or(0);
     let ok = Command::new("kill")
         .arg("-USR1")
         .arg(daemon.0.id().to_string())
@@ -230,7 +232,7 @@ fn fresh_stats(daemon: &Daemon, path: &std::path::Path) -> serde_json::Value {
     assert!(ok);
     let mut fresh = None;
     wait_until("the stats file rewritten after SIGUSR1", || {
-        fresh = read().filter(|v| v["sequence"].as_u64() > Some(before));
+        fresh = read().filter(|v| v["signals"].as_u64() > Some(before));
         fresh.is_some()
     });
     fresh.unwrap()

@@ -43,6 +43,8 @@ pub struct HostQueue {
     qp: Qp,
     mr: Mr,
     next_cid: u16,
+    /// Commands sent by `send_tracked` (their response slot rotates).
+    tracked: usize,
     /// The QP failed (a command got no answer).
     pub broken: bool,
 }
@@ -111,6 +113,7 @@ impl HostQueue {
             qp,
             mr,
             next_cid: 1,
+            tracked: 0,
             broken: false,
         }
     }
@@ -266,6 +269,58 @@ impl HostQueue {
                 flags: SendFlags::SIGNALED,
             }])
             .unwrap();
+    }
+
+    /// Sends `sqe` with a receive of its own for the answer (slot `n % 16` of the response
+    /// area): several commands may be outstanding; [`HostQueue::collect`] gathers answers in
+    /// any order. Returns the CID given.
+    pub fn send_tracked(&mut self, mut sqe: Sqe) -> u16 {
+        sqe.cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        let slot = self.tracked % 16;
+        self.tracked = self.tracked.wrapping_add(1);
+        let at = CAPSULE_AT + slot * 128;
+        self.mr.write_at(at, &sqe.to_bytes()).unwrap();
+        let recv = self.mr.sge(RESPONSE_AT + slot * 16, 16);
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: 100 + slot as u64,
+                sges: &[recv],
+            }])
+            .unwrap();
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 300,
+                op: SendOp::Send,
+                sges: &[self.mr.sge(at, 64)],
+                flags: SendFlags::SIGNALED,
+            }])
+            .unwrap();
+        sqe.cid
+    }
+
+    /// Waits for `n` answers to commands sent by [`HostQueue::send_tracked`], in arrival order.
+    pub fn collect(&mut self, n: usize) -> Vec<Cqe> {
+        let mut out = Vec::new();
+        let mut wcs = [WorkCompletion::default(); 8];
+        let deadline = Instant::now() + patience();
+        while out.len() < n {
+            let got = self.cq.poll(&mut wcs).unwrap();
+            for w in &wcs[..got] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                if (100..116).contains(&w.wr_id) {
+                    let mut response = [0u8; 16];
+                    let at = RESPONSE_AT + (w.wr_id - 100) as usize * 16;
+                    self.mr.read_at(at, &mut response).unwrap();
+                    out.push(Cqe::decode(&response).unwrap());
+                }
+            }
+            assert!(Instant::now() < deadline, "{} of {n} answered", out.len());
+            if got == 0 {
+                std::thread::yield_now();
+            }
+        }
+        out
     }
 
     /// The CID given to the last command sent.

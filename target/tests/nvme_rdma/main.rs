@@ -58,11 +58,14 @@ struct Rig {
 impl Rig {
     fn new(fabric: SoftFabric) -> Rig {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        // One address per rig, in-process and TCP rigs in separate ranges: soft devices are
+        // found by address, so two live rigs must never share one (with more than 20 rigs an
+        // offset of 20 between the ranges made them collide).
         let ip = Ipv4Addr::new(
             127,
             0,
-            3,
-            2 + (n % 250) as u8 + 20 * (fabric == SoftFabric::Tcp) as u8,
+            3 + (fabric == SoftFabric::Tcp) as u8,
+            2 + (n % 250) as u8,
         );
         let addr = SocketAddr::from((ip, 4420));
         let mut t = Target::new(Limits::default(), vec![addr]);
@@ -150,6 +153,18 @@ impl Rig {
     fn usage(&self) -> (usize, u32, usize) {
         let u = self.usage_full();
         (u.0, u.1, u.2)
+    }
+
+    /// What waits in the groups (summed).
+    fn waiting(&self) -> nvmf_transport::pollgroup::Waiting {
+        let tr = self.tr.as_ref().unwrap();
+        let mut w = nvmf_transport::pollgroup::Waiting::default();
+        for (_, s) in tr.each_group(|g| g.snapshot()).unwrap() {
+            w.buffers += s.requests.waiting_buffers;
+            w.to_post += s.requests.waiting_to_post;
+            w.capsules += s.requests.capsules_waiting;
+        }
+        w
     }
 
     /// Times a request waited for data buffers, over the groups.
@@ -647,6 +662,105 @@ fn queue_full(fabric: SoftFabric) {
     });
 }
 
+/// CC (and CSTS.RDY) by Property Get.
+fn property(admin: &mut HostQueue, offset: PropertyOffset) -> u32 {
+    let get = PropertyGetCmd {
+        cid: 0,
+        size: PropertySize::Four,
+        offset,
+    };
+    let c = admin.exec(get.to_sqe(), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    c.dw0
+}
+
+/// Writes CC with EN = `en` (I/O queue entry sizes 64 / 16).
+fn set_cc_en(en: bool) -> Sqe {
+    let cc = Cc {
+        en,
+        iosqes: 6,
+        iocqes: 4,
+        ..Cc::default()
+    };
+    PropertySetCmd {
+        cid: 0,
+        size: PropertySize::Four,
+        offset: PropertyOffset::Cc,
+        value: u64::from(cc.to_u32()),
+    }
+    .to_sqe()
+}
+
+/// CC.EN 1 -> 0 on a live controller (a controller reset): its I/O queues are disconnected
+/// (a write held in the block device ends with them), the outstanding AER is answered as
+/// aborted, CSTS.RDY stays 1 until the last I/O queue has closed and then reads 0; the admin
+/// queue stays, and after enabling again the host creates an I/O queue and does I/O.
+fn controller_reset(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io1 = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io1, 1, cntlid);
+    let mut io2 = HostQueue::connect(rig.addr, 2, 32);
+    connect(&mut io2, 2, cntlid);
+    let aer = admin.send_tracked(Sqe::new(0x0C, 0, 0));
+    rig.gate.store(false, Ordering::Release);
+    let mut write = rw(0x01, 0, 8, io1.keyed(0, 4096));
+    write.nsid = 2;
+    io1.send_only(write);
+    wait_until("the AER and the write pending", || {
+        io1.poll_once();
+        rig.usage_full().3 == 2
+    });
+
+    let reset = admin.send_tracked(set_cc_en(false));
+    let answers = admin.collect(2);
+    let by_cid = |cid| *answers.iter().find(|c| c.cid == cid).unwrap();
+    assert!(by_cid(reset).status.is_success(), "{answers:?}");
+    assert_eq!(
+        by_cid(aer).status.code,
+        StatusCode::Generic(GenericStatus::AbortedSqDeletion),
+        "the outstanding AER ends with the reset: {answers:?}"
+    );
+    io1.wait_disconnected();
+    io2.wait_disconnected();
+    // The write still holds its buffers in the block device: its queue has not closed, so the
+    // reset is not complete.
+    let csts = Csts::from_u32(property(&mut admin, PropertyOffset::Csts));
+    assert!(csts.rdy, "ready until every I/O queue is gone: {csts:?}");
+    assert!(!Cc::from_u32(property(&mut admin, PropertyOffset::Cc)).en);
+    rig.gate.store(true, Ordering::Release);
+    wait_until("CSTS.RDY 0 once the I/O queues closed", || {
+        !Csts::from_u32(property(&mut admin, PropertyOffset::Csts)).rdy
+    });
+    // Disabled: admin commands other than Fabrics are refused, I/O queues cannot connect.
+    let c = admin.exec(Sqe::new(0x18, 0, 0), &[]).unwrap();
+    assert_eq!(
+        c.status.code,
+        StatusCode::Generic(GenericStatus::CommandSequenceError),
+        "Keep Alive while disabled: {c:?}"
+    );
+    drop(io1);
+    drop(io2);
+
+    enable(&mut admin);
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    assert_eq!(connect(&mut io, 1, cntlid), cntlid, "same controller");
+    let data = pattern(0x77, 4096);
+    io.write_data(0, &data);
+    let c = io.exec(rw(0x01, 64, 8, io.keyed(0, 4096)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    let c = io.exec(rw(0x02, 64, 8, io.keyed(8192, 4096)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(io.read_data(8192, 4096) == data, "I/O after the reset");
+    drop(io);
+    drop(admin);
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
 /// Each scenario runs on both soft fabrics, as `NAME_inproc` and `NAME_tcp`.
 macro_rules! on_both_fabrics {
     ($($inproc:ident, $tcp:ident => $scenario:path;)*) => {
@@ -669,8 +783,10 @@ on_both_fabrics! {
     abort_in_flight_inproc, abort_in_flight_tcp => abort_in_flight;
     async_event_inproc, async_event_tcp => async_event;
     queue_full_inproc, queue_full_tcp => queue_full;
+    controller_reset_inproc, controller_reset_tcp => controller_reset;
     discovery_inproc, discovery_tcp => discovery;
     session_inproc, session_tcp => full_session;
     commands_inproc, commands_tcp => commands::commands;
     abort_outstanding_inproc, abort_outstanding_tcp => commands::abort_outstanding;
+    abort_waiting_inproc, abort_waiting_tcp => commands::abort_waiting;
 }

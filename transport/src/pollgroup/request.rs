@@ -385,6 +385,48 @@ impl<R> PollGroup<R> {
         Ok(())
     }
 
+    /// The live (not aborted) requests on `qp_num` (control path: walks the request slab).
+    pub fn requests_of(&self, qp_num: u32) -> impl Iterator<Item = ReqId> + '_ {
+        self.reqs
+            .iter()
+            .filter(move |(_, r)| r.qp_num == qp_num && !r.aborted)
+            .map(|(i, _)| ReqId {
+                index: i as u32,
+                generation: self.req_generation[i],
+            })
+    }
+
+    /// Takes `req` out of a wait before anything of it reached the device: the group's FIFO
+    /// for data buffers, or its qpair's FIFO with a chain that does not answer the command
+    /// (RDMA READs waiting for read depth or send-queue room). True when it was so waiting:
+    /// it is Idle again, keeps its buffers and capsule, and its layer above may answer it
+    /// (`post_chain`) or `finish` it. False, and nothing changes, in any other state.
+    pub fn cancel_wait(&mut self, req: ReqId) -> bool {
+        let Some(r) = self.request_mut(req) else {
+            return false;
+        };
+        if r.aborted {
+            return false;
+        }
+        match r.state {
+            RequestState::WaitingBuffers => {
+                r.state = RequestState::Idle;
+                r.want_bufs = 0;
+                self.buf_wait.unlink(&mut self.req_links, req.index);
+                true
+            }
+            RequestState::WaitingToPost if !r.answers => {
+                r.state = RequestState::Idle;
+                let qref = r.qpair;
+                if let Some(q) = live_mut(&mut self.qpairs, qref) {
+                    q.to_post.unlink(&mut self.req_links, req.index);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The request is over: its buffers, capsule slot and object go back. Called once per
     /// request, aborted ones included. A chain still on the send queue of a live qpair is
     /// let finish first (the device may still read or write the buffers).

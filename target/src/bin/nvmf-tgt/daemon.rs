@@ -202,7 +202,7 @@ pub fn run(config: &Config) -> Result<()> {
         let now = Instant::now();
         let dump = signals.dump.swap(false, Ordering::Relaxed);
         if dump || now >= next_stats {
-            match stats.collect(&runtime, &transport) {
+            match stats.collect(dump, &runtime, &transport) {
                 Ok(snapshot) => {
                     if dump {
                         snapshot.log();

@@ -20,6 +20,8 @@ pub struct Stats {
     target: Arc<Target>,
     /// Snapshots taken so far (the `sequence` of the next one).
     taken: u64,
+    /// SIGUSR1 signals handled so far.
+    signals: u64,
 }
 
 #[derive(Serialize)]
@@ -48,9 +50,11 @@ pub struct SubsystemLine {
 /// One snapshot.
 #[derive(Serialize)]
 pub struct Snapshot {
-    /// Counts snapshots since the daemon started: a reader waiting for a fresh one (after
-    /// SIGUSR1) waits for this to grow.
+    /// Counts snapshots since the daemon started.
     sequence: u64,
+    /// SIGUSR1 signals handled before this snapshot was collected: a reader that wants the
+    /// state after its own signal waits for this to grow past what it read before sending.
+    signals: u64,
     /// Qpairs in every poll group.
     qpairs: usize,
     /// Receive slots held in every poll group (0 when idle: none leaked).
@@ -61,11 +65,17 @@ pub struct Snapshot {
 
 impl Stats {
     pub fn new(target: Arc<Target>) -> Stats {
-        Stats { target, taken: 0 }
+        Stats {
+            target,
+            taken: 0,
+            signals: 0,
+        }
     }
 
+    /// A snapshot; `signalled`: one SIGUSR1 was handled for it.
     pub fn collect(
         &mut self,
+        signalled: bool,
         runtime: &Runtime,
         transport: &RdmaTransport<Command, NvmeHandler>,
     ) -> Result<Snapshot> {
@@ -112,8 +122,10 @@ impl Stats {
             line.io += c.io_totals();
         }
         self.taken += 1;
+        self.signals += u64::from(signalled);
         Ok(Snapshot {
             sequence: self.taken,
+            signals: self.signals,
             qpairs,
             recv_slots_held: held,
             reactors,
