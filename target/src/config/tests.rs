@@ -55,6 +55,19 @@ fn good_config_parses() {
 }
 
 /// Replace the first occurrence of `from` in GOOD with `to`.
+#[test]
+fn small_io_units_up_to_a_requests_buffers_are_valid() {
+    // 128 KiB in 4 KiB units: 32 buffers, what a request holds (transfers needing more SGEs
+    // than one chain are moved in several).
+    let text = GOOD.replacen(
+        "listen = [\"127.0.0.1:4420\"]",
+        "listen = [\"127.0.0.1:4420\"]\nmax_io_size = 131072\nio_unit_size = 4096",
+        1,
+    );
+    let c = Config::parse(&text, "small-units.toml").unwrap();
+    assert_eq!(*c.transport.io_unit_size.get_ref(), 4096);
+}
+
 fn broken(from: &str, to: &str) -> String {
     assert!(GOOD.contains(from), "{from:?} not in GOOD");
     GOOD.replacen(from, to, 1)
@@ -172,6 +185,14 @@ fn broken_configs_name_file_line_and_key() {
             ),
             "bad.toml:7: transport.max_io_size",
             "power of two",
+        ),
+        (
+            broken(
+                "listen = [\"127.0.0.1:4420\"]",
+                "listen = [\"127.0.0.1:4420\"]\nmax_io_size = 262144\nio_unit_size = 4096",
+            ),
+            "bad.toml:7: transport.max_io_size",
+            "needs more than 32 buffers of io_unit_size 4096",
         ),
         (
             broken(

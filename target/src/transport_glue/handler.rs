@@ -25,7 +25,7 @@ use slab::Slab;
 
 use crate::bdev::IoBuf;
 use crate::nvme::status::{ABORTED_BY_REQUEST, INTERNAL_ERROR};
-use crate::nvme::xfer::{self, Keyed, Placement};
+use crate::nvme::xfer::{self, Keyed, Placement, Plan};
 use crate::nvme::{Direction, Exec, Queue, QueueState, ReactorIo, Target};
 
 use super::command::{Command, CommandState};
@@ -230,8 +230,10 @@ impl NvmeHandler {
             (Direction::HostToController, Placement::Keyed { list, count }) => {
                 pg.release_capsule(req);
                 Self::enter(pg, req, CommandState::ReadingData);
-                let posted = self.post_transfer(pg, req, plan.length, &list[..count], None);
-                if let Err(e) = posted {
+                if let Some(r) = pg.request_mut(req) {
+                    r.user.moved = 0;
+                }
+                if let Err(e) = self.post_next(pg, req, plan.length, &list[..count], None) {
                     tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
                     self.fail(pg, req, qp_num, INTERNAL_ERROR);
                 }
@@ -243,9 +245,12 @@ impl NvmeHandler {
         }
     }
 
-    /// Posts one RDMA READ (no `send`) or WRITE (with the response `send`) per keyed
-    /// descriptor over the request's buffers, and the response SEND last when given.
-    fn post_transfer(
+    /// Posts the next chain of a transfer: RDMA READs (no `send`) or WRITEs (with the
+    /// response `send`) of the keyed descriptors, from where the last chain stopped
+    /// (`Command::moved`), as much as one chain holds; the response SEND goes last in the chain
+    /// that ends the transfer. A transfer that needs more SGEs or work requests than a chain
+    /// holds takes several chains, each posted when the one before it completed.
+    fn post_next(
         &mut self,
         pg: &mut PollGroup<Command>,
         req: ReqId,
@@ -253,46 +258,53 @@ impl NvmeHandler {
         keyed: &[Keyed],
         send: Option<(SendOp, Sge)>,
     ) -> Result<(), String> {
+        let from = pg.request(req).map_or(0, |r| r.user.moved);
         let mut units = [Sge::default(); MAX_REQUEST_BUFFERS];
         let nunits = pg.buffer_sges(req, length, &mut units);
-        let mut pieces = [Sge::default(); MAX_CHAIN_SGES];
-        let mut ranges = [(0usize, 0usize); MAX_CHAIN_WRS];
-        let mut used = 0usize;
-        let mut offset = 0u32;
-        for (i, k) in keyed.iter().enumerate() {
-            let n = sges::slice(&units[..nunits], offset, k.length, &mut pieces[used..])
-                .ok_or("the transfer needs more SGEs than a chain holds")?;
-            ranges[i] = (used, used + n);
-            used += n;
-            offset += k.length;
+        let mut lengths = [0u32; xfer::MAX_KEYED];
+        for (l, k) in lengths.iter_mut().zip(keyed) {
+            *l = k.length;
         }
+        // Room for the response SEND and its SGE is kept in every chain.
+        let mut pieces = [Sge::default(); MAX_CHAIN_SGES - 1];
+        let mut cuts = [sges::Cut::default(); MAX_CHAIN_WRS - 1];
+        let (nwrs, _, end) = sges::next_chain(
+            &units[..nunits],
+            &lengths[..keyed.len()],
+            from,
+            &mut pieces,
+            &mut cuts,
+        )
+        .ok_or("the data buffers do not cover the transfer")?;
         let mut send_sge = [Sge::default(); 1];
         let mut chain = [ChainWr {
             op: SendOp::Send,
             sges: &[],
             inline: false,
         }; MAX_CHAIN_WRS];
-        let mut len = 0;
-        for (i, k) in keyed.iter().enumerate() {
+        for (wr, cut) in chain.iter_mut().zip(&cuts[..nwrs]) {
+            let k = &keyed[cut.keyed];
+            let remote_addr = k.address + u64::from(cut.remote_offset);
             let op = if send.is_some() {
                 SendOp::RdmaWrite {
-                    remote_addr: k.address,
+                    remote_addr,
                     rkey: k.key,
                 }
             } else {
                 SendOp::RdmaRead {
-                    remote_addr: k.address,
+                    remote_addr,
                     rkey: k.key,
                 }
             };
-            chain[len] = ChainWr {
+            *wr = ChainWr {
                 op,
-                sges: &pieces[ranges[i].0..ranges[i].1],
+                sges: &pieces[cut.sges.0..cut.sges.1],
                 inline: false,
             };
-            len += 1;
         }
-        if let Some((op, sge)) = send {
+        let mut len = nwrs;
+        let last = end == length;
+        if let (Some((op, sge)), true) = (send, last) {
             send_sge[0] = sge;
             chain[len] = ChainWr {
                 op,
@@ -301,7 +313,10 @@ impl NvmeHandler {
             };
             len += 1;
         }
-        let answers = send.is_some();
+        if let Some(r) = pg.request_mut(req) {
+            r.user.moved = end;
+        }
+        let answers = send.is_some() && last;
         pg.post_chain(req, &chain[..len], answers)
             .map_err(|e| e.to_string())
     }
@@ -358,7 +373,6 @@ impl NvmeHandler {
             return;
         };
         let qp_num = r.qp_num();
-        let plan = r.user.plan;
         if self.responses.is_none() {
             let len = pg.config().max_requests as usize * RESPONSE_SIZE;
             match pg.pd().alloc_mr(len, Access::LOCAL_WRITE) {
@@ -380,10 +394,29 @@ impl NvmeHandler {
             Self::finish(pg, req);
             return;
         }
-        let sge = responses.sge(at, RESPONSE_SIZE as u32);
         if let Some(r) = pg.request_mut(req) {
             r.user.cqe = Some(cqe);
+            r.user.moved = 0;
         }
+        Self::enter(pg, req, CommandState::Responding);
+        self.continue_response(pg, req);
+    }
+
+    /// Posts the next chain of `req`'s response (its CQE is in its response slot): the data
+    /// WRITEs still to go, and the SEND with the last of them.
+    fn continue_response(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
+        let Some(r) = pg.request(req) else {
+            return;
+        };
+        let qp_num = r.qp_num();
+        let (plan, success) = (
+            r.user.plan,
+            r.user.cqe.is_some_and(|c| c.status.is_success()),
+        );
+        let Some(responses) = self.responses.as_ref() else {
+            return;
+        };
+        let sge = responses.sge(req.index() as usize * RESPONSE_SIZE, RESPONSE_SIZE as u32);
         let (keyed, count) = match plan.map(|p| p.placement) {
             Some(Placement::Keyed { list, count }) => (list, count),
             _ => (
@@ -402,14 +435,11 @@ impl NvmeHandler {
             None => SendOp::Send,
         };
         let writes = match plan {
-            Some(p) if p.direction == Direction::ControllerToHost && cqe.status.is_success() => {
-                &keyed[..count]
-            }
+            Some(p) if p.direction == Direction::ControllerToHost && success => &keyed[..count],
             _ => &keyed[..0],
         };
         let length = writes.iter().map(|k| k.length).sum();
-        Self::enter(pg, req, CommandState::Responding);
-        if let Err(e) = self.post_transfer(pg, req, length, writes, Some((send_op, sge))) {
+        if let Err(e) = self.post_next(pg, req, length, writes, Some((send_op, sge))) {
             tracing::warn!(qp_num, error = %e, "posting the response failed");
             Self::finish(pg, req);
             self.disconnects.push(qp_num);
@@ -525,9 +555,35 @@ impl Handler<Command> for NvmeHandler {
         let Some(qp_num) = pg.request(req).map(|r| r.qp_num()) else {
             return;
         };
-        if last == WrKind::Read && status == WcStatus::Success {
-            self.execute(pg, req);
-            return;
+        if status == WcStatus::Success {
+            match last {
+                // The host's data is in, or more of it is to read.
+                WrKind::Read => {
+                    let (moved, plan) = pg
+                        .request(req)
+                        .map_or((0, None), |r| (r.user.moved, r.user.plan));
+                    match plan {
+                        Some(Plan {
+                            length,
+                            placement: Placement::Keyed { list, count },
+                            ..
+                        }) if moved < length => {
+                            if let Err(e) = self.post_next(pg, req, length, &list[..count], None) {
+                                tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
+                                self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                            }
+                        }
+                        _ => self.execute(pg, req),
+                    }
+                    return;
+                }
+                // A response too large for one chain: its next part.
+                WrKind::Write => {
+                    self.continue_response(pg, req);
+                    return;
+                }
+                _ => {}
+            }
         }
         if status != WcStatus::Success {
             // The qpair drains on the error completion; the request just ends.

@@ -761,6 +761,81 @@ fn controller_reset(fabric: SoftFabric) {
     });
 }
 
+/// Consecutive keyed descriptors of `lens` bytes over the host's data area from `base`, as a
+/// Last Segment list carried in the capsule: (SGL1, the capsule's descriptor bytes).
+fn split_sgl(host: &HostQueue, base: usize, lens: &[u32]) -> (SglDescriptor, Vec<u8>) {
+    let mut at = base;
+    let list: Vec<SglDescriptor> = lens
+        .iter()
+        .map(|&l| {
+            let d = host.keyed(at, l);
+            at += l as usize;
+            d
+        })
+        .collect();
+    let bytes = descriptors(&list);
+    let segment = SglDescriptor::LastSegmentOffset {
+        offset: 0,
+        length: bytes.len() as u32,
+    };
+    (segment, bytes)
+}
+
+/// Transfers whose pieces need more SGEs or work requests than one chain holds, within
+/// max_io_size (128 KiB) and MSDBD (16): in 4 KiB io units one 128 KiB descriptor is 32 SGEs
+/// (two work requests, two chains), and 16 descriptors ending mid-unit are 47 pieces. Each is
+/// written and read back intact, in several chains each way.
+fn large_transfers(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io, 1, cntlid);
+    const LEN: usize = 131072;
+    let blocks = (LEN / BLOCK as usize) as u32;
+
+    let data = pattern(0x3C, LEN);
+    io.write_data(0, &data);
+    let c = io
+        .exec(rw(0x01, 256, blocks, io.keyed(0, LEN as u32)), &[])
+        .unwrap();
+    assert!(
+        c.status.is_success(),
+        "128 KiB write, one descriptor: {c:?}"
+    );
+    io.write_data(LEN, &vec![0; LEN]);
+    let c = io
+        .exec(rw(0x02, 256, blocks, io.keyed(LEN, LEN as u32)), &[])
+        .unwrap();
+    assert!(c.status.is_success(), "128 KiB read, one descriptor: {c:?}");
+    assert!(io.read_data(LEN, LEN) == data, "one descriptor read back");
+
+    let data = pattern(0xA7, LEN);
+    let mut written = vec![100u32; 15];
+    written.push(LEN as u32 - 1500);
+    io.write_data(2 * LEN, &data);
+    let (sgl, list) = split_sgl(&io, 2 * LEN, &written);
+    let c = io.exec(rw(0x01, 512, blocks, sgl), &list).unwrap();
+    assert!(c.status.is_success(), "16-descriptor write: {c:?}");
+    let mut read = vec![4000u32];
+    read.extend([300u32; 14]);
+    read.push(LEN as u32 - 4000 - 14 * 300);
+    io.write_data(3 * LEN, &vec![0; LEN]);
+    let (sgl, list) = split_sgl(&io, 3 * LEN, &read);
+    let c = io.exec(rw(0x02, 512, blocks, sgl), &list).unwrap();
+    assert!(c.status.is_success(), "16-descriptor read: {c:?}");
+    assert!(
+        io.read_data(3 * LEN, LEN) == data,
+        "16 descriptors read back"
+    );
+    drop(io);
+    drop(admin);
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
 /// Each scenario runs on both soft fabrics, as `NAME_inproc` and `NAME_tcp`.
 macro_rules! on_both_fabrics {
     ($($inproc:ident, $tcp:ident => $scenario:path;)*) => {
@@ -784,6 +859,7 @@ on_both_fabrics! {
     async_event_inproc, async_event_tcp => async_event;
     queue_full_inproc, queue_full_tcp => queue_full;
     controller_reset_inproc, controller_reset_tcp => controller_reset;
+    large_transfers_inproc, large_transfers_tcp => large_transfers;
     discovery_inproc, discovery_tcp => discovery;
     session_inproc, session_tcp => full_session;
     commands_inproc, commands_tcp => commands::commands;
