@@ -49,7 +49,7 @@ impl Queue {
         sqe: &Sqe,
         data: &mut IoBuf<'_, '_>,
         tag: u64,
-        now: Instant,
+        now: impl FnOnce() -> Instant,
     ) -> Exec {
         let op = AdminOpcode::from_raw(sqe.opcode);
         // Before CC.EN = 1 and CSTS.RDY = 1 only Fabrics commands are allowed.
@@ -60,10 +60,10 @@ impl Queue {
         let cqe = match op {
             AdminOpcode::Identify => self.identify(c, sqe, data),
             AdminOpcode::GetLogPage => self.get_log_page(c, sqe, data),
-            AdminOpcode::SetFeatures => self.set_features(c, sqe, now),
+            AdminOpcode::SetFeatures => self.set_features(c, sqe, now()),
             AdminOpcode::GetFeatures => self.get_features(c, sqe),
             AdminOpcode::KeepAlive => {
-                c.keep_alive(now);
+                c.keep_alive(now());
                 self.success(sqe, 0)
             }
             AdminOpcode::AsyncEventRequest => return self.async_event_request(c, sqe, tag),

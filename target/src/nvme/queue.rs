@@ -175,7 +175,7 @@ impl Queue {
         sqe: &Sqe,
         data: &mut IoBuf<'_, '_>,
         tag: u64,
-        now: Instant,
+        now: impl FnOnce() -> Instant,
     ) -> Exec {
         // SQHD advances for every command fetched (0's based SQSIZE wraps it).
         if let QueueState::Bound { depth, .. } = &self.state {
@@ -184,7 +184,7 @@ impl Queue {
         let exec = match self.state.clone() {
             QueueState::Unbound => {
                 if sqe.is_fabrics() && sqe.fctype() == FabricsType::Connect {
-                    self.connect(sqe, data, now)
+                    self.connect(sqe, data, now())
                 } else {
                     // Nothing but Connect before the queue is bound.
                     Exec::Done(self.error(sqe, SEQUENCE_ERROR))

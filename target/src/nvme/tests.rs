@@ -98,7 +98,7 @@ impl Host {
         let tag = u64::from(sqe.cid) + 1000;
         let mut segs = [data];
         let mut buf = IoBuf::new(&mut segs);
-        match q.execute(&mut self.io, &sqe, &mut buf, tag, self.now) {
+        match q.execute(&mut self.io, &sqe, &mut buf, tag, || self.now) {
             Exec::Done(cqe) => {
                 assert_eq!(cqe.cid, sqe.cid);
                 cqe
@@ -882,7 +882,7 @@ fn async_event_on_namespace_change() {
     let mut none: [&mut [u8]; 0] = [];
     let mut buf = IoBuf::new(&mut none);
     assert_eq!(
-        aq.execute(&mut h.io, &aer, &mut buf, 4242, h.now),
+        aq.execute(&mut h.io, &aer, &mut buf, 4242, || h.now),
         Exec::Pending
     );
     assert_eq!(aq.poll_events(&mut |_, _| panic!("no event yet")), 0);
@@ -925,7 +925,7 @@ fn async_event_on_namespace_change() {
     // Reading log 0x04 re-armed the notice, so the removal's event waits and the next AER
     // completes at once with it.
     aer.cid = 99;
-    match aq.execute(&mut h.io, &aer, &mut buf, 1, h.now) {
+    match aq.execute(&mut h.io, &aer, &mut buf, 1, || h.now) {
         Exec::Done(c) => assert_eq!(
             nvmf_protocol::admin::AsyncEvent::from_dw0(c.dw0).log_page,
             0x04
@@ -936,13 +936,13 @@ fn async_event_on_namespace_change() {
     for i in 0..=AERL {
         aer.cid = 100 + u16::from(i);
         assert_eq!(
-            aq.execute(&mut h.io, &aer, &mut buf, 1, h.now),
+            aq.execute(&mut h.io, &aer, &mut buf, 1, || h.now),
             Exec::Pending,
             "aer {i}"
         );
     }
     aer.cid = 200;
-    match aq.execute(&mut h.io, &aer, &mut buf, 1, h.now) {
+    match aq.execute(&mut h.io, &aer, &mut buf, 1, || h.now) {
         Exec::Done(c) => assert_eq!(
             c.status.code,
             StatusCode::CommandSpecific(CommandSpecificStatus::AsyncEventRequestLimitExceeded)
@@ -1115,7 +1115,10 @@ fn file_namespace_completes_by_polling() {
     let mut segs = [&mut data[..]];
     let mut buf = IoBuf::new(&mut segs);
     let w = rw(0x01, 1, 3, 2);
-    assert_eq!(q.execute(&mut h.io, &w, &mut buf, 99, h.now), Exec::Pending);
+    assert_eq!(
+        q.execute(&mut h.io, &w, &mut buf, 99, || h.now),
+        Exec::Pending
+    );
     assert_eq!(h.io.in_flight(), 1);
     assert_eq!(q.counters().snapshot().in_flight, 1);
     let mut done = None;
@@ -1246,7 +1249,7 @@ mod fuzz {
                 let mut data = vec![fill; data_len];
                 let mut segs = [&mut data[..]];
                 let mut buf = IoBuf::new(&mut segs);
-                if let Exec::Done(c) = queue.execute(&mut h.io, &sqe, &mut buf, 1, h.now) {
+                if let Exec::Done(c) = queue.execute(&mut h.io, &sqe, &mut buf, 1, || h.now) {
                     prop_assert_eq!(c.cid, sqe.cid);
                 }
                 while h.io.in_flight() > 0 {

@@ -49,6 +49,8 @@ pub struct Command {
     pub pending_event: bool,
     /// Its qpair went while it was executing: finish when the completion comes back.
     pub orphaned: bool,
+    /// The key of its NVMe queue in the handler (set when the capsule arrives).
+    pub queue: Option<usize>,
     /// Bytes of its data transfer (RDMA READ in, or WRITE out) posted so far: a transfer too
     /// large for one chain continues from here when the previous chain completes.
     pub moved: u32,

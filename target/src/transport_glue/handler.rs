@@ -1,6 +1,7 @@
 //! [`NvmeHandler`]: the poll-group handler of one group, joining the RDMA request path to the
 //! NVMe layer. It owns the group's [`ReactorIo`] (block-device channels and in-flight I/O of
-//! this reactor), the NVMe [`Queue`] of each qpair (by qp_num), the table of pending
+//! this reactor), the NVMe [`Queue`] of each qpair (a slab, reached per command by the
+//! qpair's slot in the poll group and then by the key the command keeps), the table of pending
 //! completions (tag -> request), and the registered memory the 16-byte responses are sent
 //! from. It drives each request through [`CommandState`] (see `command.rs`).
 //!
@@ -38,9 +39,15 @@ const RESPONSE_SIZE: usize = 16;
 /// whose connection manager is not ordered with the data path (the soft TCP fabric).
 const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
 
+/// `by_qpair` entry of a qpair slot with no queue.
+const NO_QUEUE: usize = usize::MAX;
+
 /// The NVMe side of one qpair.
 struct QueueSlot {
     queue: Queue,
+    qp_num: u32,
+    /// The qpair's slot in the poll group (`Request::qpair_index`).
+    qpair_index: u32,
     /// Block-device I/O of this queue in flight (the queue is dropped after the last).
     in_flight: u32,
     /// The qpair is gone: drop the queue when `in_flight` reaches 0.
@@ -55,7 +62,13 @@ struct QueueSlot {
 pub struct NvmeHandler {
     target: Arc<Target>,
     io: ReactorIo,
-    queues: HashMap<u32, QueueSlot>,
+    /// NVMe queues; a command keeps its queue's key (`Command::queue`).
+    queues: Slab<QueueSlot>,
+    /// Qpair slot in the poll group -> queue key (NO_QUEUE): the per-capsule way in, sized to
+    /// the group's max_qpairs.
+    by_qpair: Vec<usize>,
+    /// qp_num -> queue key of live qpairs, for qpair events (control path).
+    by_qp_num: HashMap<u32, usize>,
     /// Pending completions: tag -> request.
     pending: Slab<ReqId>,
     /// One response slot per request object, by request index (registered on first use, on
@@ -64,8 +77,8 @@ pub struct NvmeHandler {
     disconnects: Vec<u32>,
     /// Completions reaped in one poll (capacity kept).
     completions: Vec<(u64, Cqe)>,
-    /// Abort requests taken on a tick: (victim's qp_num, victim cid, Abort cid).
-    aborts: Vec<(u32, u16, u16)>,
+    /// Abort requests taken on a tick: (victim's queue key, victim cid, Abort cid).
+    aborts: Vec<(usize, u16, u16)>,
 }
 
 impl NvmeHandler {
@@ -74,7 +87,9 @@ impl NvmeHandler {
         NvmeHandler {
             target,
             io,
-            queues: HashMap::new(),
+            queues: Slab::new(),
+            by_qpair: Vec::new(),
+            by_qp_num: HashMap::new(),
             pending: Slab::new(),
             responses: None,
             disconnects: Vec::new(),
@@ -98,9 +113,22 @@ impl NvmeHandler {
         self.pending.len()
     }
 
-    fn ensure_queue(&mut self, pg: &mut PollGroup<Command>, qp_num: u32) {
-        if self.queues.contains_key(&qp_num) {
-            return;
+    /// The key of the queue of qpair `qp_num` (slot `index` in the group), created on first
+    /// use (qpair Active, or its first capsule).
+    fn ensure_queue(&mut self, pg: &mut PollGroup<Command>, qp_num: u32, index: u32) -> usize {
+        if self.by_qpair.is_empty() {
+            // Sized once: no growth on the I/O path.
+            let n = pg.config().max_requests as usize;
+            self.by_qpair = vec![NO_QUEUE; pg.config().max_qpairs as usize];
+            self.pending.reserve(n);
+            self.completions.reserve(n);
+        }
+        if let Some(&key) = self
+            .by_qpair
+            .get(index as usize)
+            .filter(|k| **k != NO_QUEUE)
+        {
+            return key;
         }
         let depth = pg
             .qpair_depth(qp_num)
@@ -112,22 +140,25 @@ impl NvmeHandler {
             .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
         let queue = Queue::new(self.target.clone(), &mut self.io, listener, depth);
         tracing::debug!(qp_num, %listener, depth, "NVMe queue created");
-        self.queues.insert(
+        let key = self.queues.insert(QueueSlot {
+            queue,
             qp_num,
-            QueueSlot {
-                queue,
-                in_flight: 0,
-                gone: false,
-                disconnecting: false,
-                disconnect_at: None,
-            },
-        );
-        if self.pending.capacity() == 0 {
-            // Sized once: no growth on the I/O path.
-            let n = pg.config().max_requests as usize;
-            self.pending.reserve(n);
-            self.completions.reserve(n);
+            qpair_index: index,
+            in_flight: 0,
+            gone: false,
+            disconnecting: false,
+            disconnect_at: None,
+        });
+        if let Some(k) = self.by_qpair.get_mut(index as usize) {
+            *k = key;
         }
+        self.by_qp_num.insert(qp_num, key);
+        key
+    }
+
+    /// The queue key `req` was given with its capsule.
+    fn queue_of(pg: &PollGroup<Command>, req: ReqId) -> Option<usize> {
+        pg.request(req).and_then(|r| r.user.queue)
     }
 
     fn enter(pg: &mut PollGroup<Command>, req: ReqId, next: CommandState) {
@@ -160,12 +191,7 @@ impl NvmeHandler {
             Ok(p) => p,
             Err(status) => {
                 pg.release_capsule(req);
-                let Some(slot) = self.queues.get_mut(&qp_num) else {
-                    Self::finish(pg, req);
-                    return;
-                };
-                let cqe = slot.queue.reject(&sqe, status);
-                self.respond(pg, req, cqe);
+                self.fail(pg, req, status);
                 return;
             }
         };
@@ -184,21 +210,15 @@ impl NvmeHandler {
             Err(e) => {
                 tracing::warn!(qp_num, error = %e, "no buffers for a command");
                 pg.release_capsule(req);
-                self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                self.fail(pg, req, INTERNAL_ERROR);
             }
         }
     }
 
     /// Answers `req` with `status`, nothing executed.
-    fn fail(
-        &mut self,
-        pg: &mut PollGroup<Command>,
-        req: ReqId,
-        qp_num: u32,
-        status: nvmf_protocol::Status,
-    ) {
+    fn fail(&mut self, pg: &mut PollGroup<Command>, req: ReqId, status: nvmf_protocol::Status) {
         let sqe = pg.request(req).map(|r| r.user.sqe).unwrap_or_default();
-        match self.queues.get_mut(&qp_num) {
+        match Self::queue_of(pg, req).and_then(|k| self.queues.get_mut(k)) {
             Some(slot) => {
                 let cqe = slot.queue.reject(&sqe, status);
                 self.respond(pg, req, cqe);
@@ -222,7 +242,7 @@ impl NvmeHandler {
                 let copied = pg.capsule_to_buffers(req, at, length as usize);
                 pg.release_capsule(req);
                 if copied != length as usize {
-                    self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                    self.fail(pg, req, INTERNAL_ERROR);
                     return;
                 }
                 self.execute(pg, req);
@@ -235,7 +255,7 @@ impl NvmeHandler {
                 }
                 if let Err(e) = self.post_next(pg, req, plan.length, &list[..count], None) {
                     tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
-                    self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                    self.fail(pg, req, INTERNAL_ERROR);
                 }
             }
             _ => {
@@ -326,10 +346,9 @@ impl NvmeHandler {
         let Some(r) = pg.request(req) else {
             return;
         };
-        let qp_num = r.qp_num();
         let (sqe, length) = (r.user.sqe, r.user.plan.map_or(0, |p| p.length));
         Self::enter(pg, req, CommandState::Executing);
-        let Some(slot) = self.queues.get_mut(&qp_num) else {
+        let Some(slot) = Self::queue_of(pg, req).and_then(|k| self.queues.get_mut(k)) else {
             Self::finish(pg, req);
             return;
         };
@@ -350,7 +369,7 @@ impl NvmeHandler {
             let mut data = IoBuf::new(&mut segs[..n]);
             data.truncate(length as usize);
             slot.queue
-                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now())
+                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now)
         };
         match exec {
             Exec::Done(cqe) => self.respond(pg, req, cqe),
@@ -454,15 +473,17 @@ impl NvmeHandler {
         let Some(r) = pg.request_mut(req) else {
             return;
         };
-        let qp_num = r.qp_num();
-        let (orphaned, event) = (r.user.orphaned, r.user.pending_event);
+        let (orphaned, event, key) = (r.user.orphaned, r.user.pending_event, r.user.queue);
         r.user.pending_tag = None;
-        if !event {
-            if let Some(slot) = self.queues.get_mut(&qp_num) {
+        if let (false, Some(key)) = (event, key) {
+            if let Some(slot) = self.queues.get_mut(key) {
                 slot.in_flight = slot.in_flight.saturating_sub(1);
                 if slot.gone && slot.in_flight == 0 {
-                    self.queues.remove(&qp_num);
-                    tracing::debug!(qp_num, "NVMe queue dropped after its last I/O");
+                    let slot = self.queues.remove(key);
+                    tracing::debug!(
+                        qp_num = slot.qp_num,
+                        "NVMe queue dropped after its last I/O"
+                    );
                 }
             }
         }
@@ -479,16 +500,19 @@ impl NvmeHandler {
     /// any answered command; anything else is declined.
     fn serve_aborts(&mut self, pg: &mut PollGroup<Command>) {
         let mut asked = std::mem::take(&mut self.aborts);
-        for (&qp_num, slot) in &self.queues {
+        for (key, slot) in &self.queues {
             if !slot.gone {
                 slot.queue
-                    .take_aborts(&mut |cid, abort_cid| asked.push((qp_num, cid, abort_cid)));
+                    .take_aborts(&mut |cid, abort_cid| asked.push((key, cid, abort_cid)));
             }
         }
-        for (qp_num, cid, abort_cid) in asked.drain(..) {
+        for (key, cid, abort_cid) in asked.drain(..) {
+            let Some(qp_num) = self.queues.get(key).map(|s| s.qp_num) else {
+                continue;
+            };
             let aborted = self.abort_waiting(pg, qp_num, cid);
             tracing::debug!(qp_num, cid, aborted, "abort");
-            if let Some(slot) = self.queues.get(&qp_num) {
+            if let Some(slot) = self.queues.get(key) {
                 slot.queue.answer_abort(abort_cid, aborted);
             }
         }
@@ -511,36 +535,44 @@ impl NvmeHandler {
             return false;
         };
         pg.release_capsule(req);
-        self.fail(pg, req, qp_num, ABORTED_BY_REQUEST);
+        self.fail(pg, req, ABORTED_BY_REQUEST);
         true
     }
 
     /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
     /// down, after [`DISCONNECT_GRACE`] when the host sent Disconnect.
-    fn check_disconnect(&mut self, qp_num: u32, now: Instant) {
-        let Some(slot) = self.queues.get_mut(&qp_num) else {
+    fn check_disconnect(&mut self, key: usize) {
+        let Some(slot) = self.queues.get_mut(key) else {
             return;
         };
         if slot.gone || slot.disconnecting || !slot.queue.should_disconnect() {
             return;
         }
         if matches!(slot.queue.state(), QueueState::Closed) {
+            // The clock only here: after a Disconnect command, never per I/O.
+            let now = Instant::now();
             let at = *slot.disconnect_at.get_or_insert(now + DISCONNECT_GRACE);
             if now < at {
                 return;
             }
         }
         slot.disconnecting = true;
-        self.disconnects.push(qp_num);
+        self.disconnects.push(slot.qp_num);
     }
 }
 
 impl Handler<Command> for NvmeHandler {
     fn capsule(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
-        let Some(qp_num) = pg.request(req).map(|r| r.qp_num()) else {
+        let Some((qp_num, index)) = pg.request(req).map(|r| (r.qp_num(), r.qpair_index())) else {
             return;
         };
-        self.ensure_queue(pg, qp_num);
+        let key = match self.by_qpair.get(index as usize) {
+            Some(&key) if key != NO_QUEUE => key,
+            _ => self.ensure_queue(pg, qp_num, index),
+        };
+        if let Some(r) = pg.request_mut(req) {
+            r.user.queue = Some(key);
+        }
         Self::enter(pg, req, CommandState::New);
         self.start(pg, req, qp_num);
     }
@@ -570,7 +602,7 @@ impl Handler<Command> for NvmeHandler {
                         }) if moved < length => {
                             if let Err(e) = self.post_next(pg, req, length, &list[..count], None) {
                                 tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
-                                self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                                self.fail(pg, req, INTERNAL_ERROR);
                             }
                         }
                         _ => self.execute(pg, req),
@@ -589,8 +621,11 @@ impl Handler<Command> for NvmeHandler {
             // The qpair drains on the error completion; the request just ends.
             tracing::debug!(qp_num, ?last, ?status, "a request's chain failed");
         }
+        let key = Self::queue_of(pg, req);
         Self::finish(pg, req);
-        self.check_disconnect(qp_num, Instant::now());
+        if let Some(key) = key {
+            self.check_disconnect(key);
+        }
     }
 
     fn qpair_event(
@@ -601,15 +636,27 @@ impl Handler<Command> for NvmeHandler {
         event: QpairEvent,
     ) {
         match event {
-            QpairEvent::Active => self.ensure_queue(pg, qp_num),
+            QpairEvent::Active => {
+                if let Some(index) = pg.qpair_index(qp_num) {
+                    self.ensure_queue(pg, qp_num, index);
+                }
+            }
             QpairEvent::Draining(reason) => {
                 tracing::debug!(qp_num, ?reason, "qpair draining");
             }
             QpairEvent::Gone { forced } => {
-                if let Some(slot) = self.queues.get_mut(&qp_num) {
-                    slot.gone = true;
-                    if slot.in_flight == 0 {
-                        self.queues.remove(&qp_num);
+                if let Some(key) = self.by_qp_num.remove(&qp_num) {
+                    if let Some(slot) = self.queues.get_mut(key) {
+                        slot.gone = true;
+                        // The group may give the slot to a new qpair now.
+                        if let Some(k) = self.by_qpair.get_mut(slot.qpair_index as usize) {
+                            if *k == key {
+                                *k = NO_QUEUE;
+                            }
+                        }
+                        if slot.in_flight == 0 {
+                            self.queues.remove(key);
+                        }
                     }
                 }
                 tracing::debug!(qp_num, forced, "qpair gone");
@@ -652,22 +699,21 @@ impl Handler<Command> for NvmeHandler {
     fn tick(&mut self, pg: &mut PollGroup<Command>) {
         let mut done = std::mem::take(&mut self.completions);
         // Asynchronous Event Requests answered by an event.
-        for slot in self.queues.values_mut() {
+        for (_, slot) in self.queues.iter_mut() {
             if slot.queue.qid() == Some(0) && !slot.gone {
                 slot.queue
                     .poll_events(&mut |tag, cqe| done.push((tag, cqe)));
             }
         }
         // Controllers torn down (keep-alive expiry, admin queue gone) and Disconnect graces.
-        let doomed: Vec<u32> = self
+        let doomed: Vec<usize> = self
             .queues
             .iter()
             .filter(|(_, s)| !s.gone && !s.disconnecting && s.queue.should_disconnect())
-            .map(|(&q, _)| q)
+            .map(|(key, _)| key)
             .collect();
-        let now = Instant::now();
-        for q in doomed {
-            self.check_disconnect(q, now);
+        for key in doomed {
+            self.check_disconnect(key);
         }
         for (tag, cqe) in done.drain(..) {
             self.complete(pg, tag, cqe);

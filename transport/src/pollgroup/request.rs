@@ -80,6 +80,12 @@ impl<R> Request<R> {
     pub fn qp_num(&self) -> u32 {
         self.qp_num
     }
+    /// Its qpair's slot in the group (below `max_qpairs`, unique among live qpairs; reused
+    /// after the qpair is gone): what the layer above indexes its per-qpair state by, with no
+    /// search per command.
+    pub fn qpair_index(&self) -> u32 {
+        self.qpair.index
+    }
     pub fn state(&self) -> RequestState {
         self.state
     }
@@ -579,6 +585,12 @@ impl<R> PollGroup<R> {
             };
             h.aborted(self, req);
         }
+    }
+
+    /// The slot of qpair `qp_num` in the group (see `Request::qpair_index`; control path:
+    /// one tree lookup).
+    pub fn qpair_index(&self, qp_num: u32) -> Option<u32> {
+        self.lookup(qp_num).map(|q| q.index)
     }
 
     /// The phase of `qp_num`, None when it is not in the group (one tree lookup).
