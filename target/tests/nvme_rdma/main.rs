@@ -524,6 +524,61 @@ fn abort_in_flight(fabric: SoftFabric) {
     });
 }
 
+/// A qpair goes while its write is held in the block device, so its NVMe queue lingers; the
+/// poll group gives its slot to a later qpair on the same reactor (round robin: the fourth
+/// connection), which must get a queue of its own: it does I/O while the old queue lingers,
+/// and after the old write completes and its queue is dropped.
+fn qpair_slot_reused_while_queue_lingers(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io1 = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io1, 1, cntlid);
+    rig.gate.store(false, Ordering::Release);
+    let mut write = rw(0x01, 0, 8, io1.keyed(0, 4096));
+    write.nsid = 2;
+    io1.send_only(write);
+    wait_until("the write's block I/O in flight", || {
+        io1.poll_once();
+        rig.usage_full().3 == 1
+    });
+    io1.disconnect();
+    wait_until("the qpair gone, its queue still there", || {
+        let (_, _, queues, pending, qpairs) = rig.usage_full();
+        qpairs == 1 && queues == 2 && pending == 1
+    });
+    // Connections 3 and 4: reactor 0, then reactor 1 in the slot the first I/O qpair had.
+    let mut io2 = HostQueue::connect(rig.addr, 2, 32);
+    connect(&mut io2, 2, cntlid);
+    let mut io3 = HostQueue::connect(rig.addr, 3, 32);
+    connect(&mut io3, 3, cntlid);
+    assert_eq!(rig.usage_full().2, 4, "a queue each, the old one included");
+    let roundtrip = |io: &mut HostQueue, lba: u64, seed: u8| {
+        let data = pattern(seed, 4096);
+        io.write_data(0, &data);
+        let c = io.exec(rw(0x01, lba, 8, io.keyed(0, 4096)), &[]).unwrap();
+        assert!(c.status.is_success(), "{c:?}");
+        let c = io
+            .exec(rw(0x02, lba, 8, io.keyed(8192, 4096)), &[])
+            .unwrap();
+        assert!(c.status.is_success(), "{c:?}");
+        assert!(io.read_data(8192, 4096) == data);
+    };
+    roundtrip(&mut io3, 64, 0x31);
+    rig.gate.store(true, Ordering::Release);
+    wait_until("the old write done, its queue dropped", || {
+        let (_, _, queues, pending, _) = rig.usage_full();
+        queues == 3 && pending == 0
+    });
+    roundtrip(&mut io3, 80, 0x32);
+    roundtrip(&mut io2, 96, 0x33);
+    drop((io1, io2, io3, admin));
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
 /// Stopping the transport while an aborted request's block I/O is in flight waits for it: the
 /// group (and the buffers the device writes into) is not dropped under the I/O.
 fn stop_waits_for_block_io(fabric: SoftFabric) {
@@ -860,6 +915,7 @@ on_both_fabrics! {
     queue_full_inproc, queue_full_tcp => queue_full;
     controller_reset_inproc, controller_reset_tcp => controller_reset;
     large_transfers_inproc, large_transfers_tcp => large_transfers;
+    slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
     session_inproc, session_tcp => full_session;
     commands_inproc, commands_tcp => commands::commands;
