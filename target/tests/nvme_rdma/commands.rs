@@ -316,3 +316,41 @@ pub(crate) fn abort_waiting(fabric: SoftFabric) {
         rig.usage() == (0, crate::BUFFERS * crate::REACTORS as u32, 0)
     });
 }
+
+/// Abort of a write whose RDMA READ waits for read depth (soft TCP: the host answers READs only
+/// when it polls, and this queue granted one READ at a time): the waiting write is aborted
+/// (Command Abort Requested, DW0 bit 0 clear); the write ahead of it, whose READ is on the
+/// wire, completes once the host polls.
+pub(crate) fn abort_waiting_for_read_depth() {
+    let rig = Rig::new(SoftFabric::Tcp);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect_reads(rig.addr, 1, 32, 1);
+    connect(&mut io, 1, cntlid);
+    io.write_data(0, &pattern(0x21, 8192));
+    let first = io.send_tracked(rw(0x01, 0, 8, io.keyed(0, 4096)));
+    let victim = io.send_tracked(rw(0x01, 8, 8, io.keyed(4096, 4096)));
+    // No polling on this queue: the first READ stays unanswered, the second waits for depth.
+    wait_until("the second write's READ waiting for read depth", || {
+        rig.waiting().to_post == 1
+    });
+    let abort = admin
+        .exec(admin_cmd(0x08, 0, 1 | (u32::from(victim) << 16), 0), &[])
+        .unwrap();
+    assert!(abort.status.is_success(), "{abort:?}");
+    assert_eq!(abort.dw0 & 1, 0, "aborted: {abort:?}");
+    let answers = io.collect(2);
+    let by_cid = |cid| *answers.iter().find(|c| c.cid == cid).unwrap();
+    assert_eq!(
+        generic(&by_cid(victim)),
+        Some(GenericStatus::AbortRequested),
+        "{answers:?}"
+    );
+    assert!(by_cid(first).status.is_success(), "{answers:?}");
+    drop(io);
+    drop(admin);
+    wait_until("everything back", || {
+        rig.usage() == (0, crate::BUFFERS * crate::REACTORS as u32, 0)
+    });
+}

@@ -52,6 +52,12 @@ pub struct HostQueue {
 impl HostQueue {
     /// Connects queue `qid` of depth `depth` to `addr`.
     pub fn connect(addr: SocketAddr, qid: u16, depth: u16) -> HostQueue {
+        HostQueue::connect_reads(addr, qid, depth, 16)
+    }
+
+    /// Connects with `reads` as the RDMA READs this host answers at once (responder
+    /// resources): the target's read depth on this queue is at most that.
+    pub fn connect_reads(addr: SocketAddr, qid: u16, depth: u16, reads: u8) -> HostQueue {
         let ch = CmChannel::new(ProviderKind::Soft).expect("CM channel");
         let mut id = ch.resolve(addr, None, patience(), 9).expect("resolve");
         let ctx = id.context().expect("id bound to a device");
@@ -89,7 +95,7 @@ impl HostQueue {
         .to_vec();
         id.connect(&ConnParam {
             private_data,
-            responder_resources: 16,
+            responder_resources: reads,
             initiator_depth: 16,
             retry_count: 7,
             rnr_retry_count: 7,

@@ -891,6 +891,11 @@ fn large_transfers(fabric: SoftFabric) {
     });
 }
 
+#[test]
+fn abort_waiting_for_read_depth_tcp() {
+    commands::abort_waiting_for_read_depth();
+}
+
 /// Each scenario runs on both soft fabrics, as `NAME_inproc` and `NAME_tcp`.
 macro_rules! on_both_fabrics {
     ($($inproc:ident, $tcp:ident => $scenario:path;)*) => {
