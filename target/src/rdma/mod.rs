@@ -48,6 +48,8 @@ use link::{Control, GroupLink};
 
 /// How often each group's handler does its slow work (`Handler::tick`).
 const TICK: Duration = Duration::from_millis(50);
+/// How long a control-path call to a poll group (statistics, inspection) waits for its reactor.
+pub const GROUP_ANSWER: Duration = Duration::from_secs(5);
 
 /// One device the target serves, and the addresses it listens on there.
 #[derive(Clone)]
@@ -292,7 +294,8 @@ where
     }
 
     /// Runs `f` on a group, on its reactor's thread, and waits for the result (control path;
-    /// None when that group does not exist).
+    /// None when that group does not exist; an error when the reactor does not answer within
+    /// [`GROUP_ANSWER`], so a stuck reactor cannot hang the daemon's signal loop).
     pub fn with_group<T, F>(&self, device: usize, reactor: usize, f: F) -> Result<Option<T>>
     where
         T: Send + 'static,
@@ -303,7 +306,9 @@ where
         };
         let pid = g.poller;
         g.reactor
-            .call(move |r| r.poller_mut::<GroupPoller<R, H>>(pid).map(f))
+            .call_timeout(GROUP_ANSWER, move |r| {
+                r.poller_mut::<GroupPoller<R, H>>(pid).map(f)
+            })
             .map_err(|source| RdmaError::Reactor { reactor, source })
     }
 
