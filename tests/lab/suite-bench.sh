@@ -30,6 +30,8 @@ RUNS=$LOGS/runs.jsonl
 # Whole-machine CPU accounting: "cpuN busy idle" in clock ticks, per CPU.
 cpu_ticks() { awk '/^cpu[0-9]/ { print $1, $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat; }
 proc_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }   # utime + stime
+STATS=/tmp/nvmf-tgt-bench-stats.json   # [daemon] stats_file in nvmf-tgt-bench.toml (every 500 ms)
+reactor_stats() { jq -c '.reactors[0] | {polls, busy_ms, sleeps}' "$STATS" 2>/dev/null || echo null; }
 busy_shares() {   # busy_shares BEFORE AFTER: a JSON array of each CPU's busy share (%) in between
   join <(echo "$1") <(echo "$2") | awk '{ b = $4 - $2; i = $5 - $3; printf "%s%.0f", (NR > 1 ? "," : "["), (b + i > 0 ? 100 * b / (b + i) : 0) } END { print "]" }'
 }
@@ -48,24 +50,28 @@ fill() {   # writes the span fio reads, so both targets copy real data on every 
 # bench_job TARGET ROUND NAME RW BS QD: one fio job; appends its figures to $RUNS. Passes when
 # fio exits 0, reports no error and a non-zero IOPS.
 bench_job() {
-  local target=$1 round=$2 name=$3 rw=$4 bs=$5 qd=$6 out rc before after t0 t1 wall record
+  local target=$1 round=$2 name=$3 rw=$4 bs=$5 qd=$6 out rc before after t0 t1 r0 r1 wall record
   out=$LOGS/$target-$round-$name.json
   before=$(cpu_ticks); t0=$(proc_ticks "${TGT:-0}"); wall=$(cut -d' ' -f1 /proc/uptime)
+  r0=$([ "$target" = $OURS ] && reactor_stats || echo null)
   taskset -c $FIO_CPU timeout $((RUNTIME + RAMP + 120)) fio --name="$name" --filename="$DEV" \
     --rw="$rw" --bs="$bs" --iodepth="$qd" --direct=1 --ioengine=libaio --size=$SPAN --time_based \
     --runtime="$RUNTIME" --ramp_time=$RAMP --output-format=json --output="$out"
   rc=$?
   after=$(cpu_ticks); t1=$(proc_ticks "${TGT:-0}")
-  wall=$(echo "$(cut -d' ' -f1 /proc/uptime) - $wall" | bc)
+  r1=$([ "$target" = $OURS ] && reactor_stats || echo null)
+  wall=$(awk -v t0="$wall" '{ printf "%.2f", $1 - t0 }' /proc/uptime)
   [ $rc -eq 0 ] || { echo "fio exited $rc"; return 1; }
   # The target's own CPU time is only known for nvmf-tgt (nvmet-rdma is kernel work on any CPU).
   record=$(jq -c --arg target "$target" --argjson round "$round" --arg job "$name" --arg rw "$rw" \
     --arg bs "$bs" --argjson qd "$qd" --argjson cpu "$(busy_shares "$before" "$after")" \
-    --argjson tgt_cpu "$([ "$target" = $OURS ] && echo "100 * ($t1 - $t0) / $(getconf CLK_TCK) / $wall" | bc || echo null)" \
+    --argjson r0 "$r0" --argjson r1 "$r1" --argjson wall "$wall" --argjson tgt_cpu "$([ "$target" = $OURS ] && echo "100 * ($t1 - $t0) / $(getconf CLK_TCK) / $wall" | bc || echo null)" \
     '.jobs[0] as $j | {target: $target, round: $round, job: $job, rw: $rw, bs: $bs, qd: $qd,
       error: $j.error, iops: $j.read.iops, bw_kib: $j.read.bw, lat_avg_us: ($j.read.lat_ns.mean / 1000),
       lat_p99_us: (($j.read.clat_ns.percentile["99.000000"] // 0) / 1000),
-      cpu_busy_pct: $cpu, nvmf_tgt_cpu_pct: $tgt_cpu}' "$out") || { echo "fio's JSON has no read figures"; return 1; }
+      cpu_busy_pct: $cpu, nvmf_tgt_cpu_pct: $tgt_cpu,
+      reactor: (if $r0 == null or $r1 == null then null else {busy_pct: (($r1.busy_ms - $r0.busy_ms) / 10 / $wall | round),
+        sleeps: ($r1.sleeps - $r0.sleeps), polls: ($r1.polls - $r0.polls)} end)}' "$out") || { echo "fio's JSON has no read figures"; return 1; }
   echo "$record" | tee -a "$RUNS"
   jq -e '.error == 0 and .iops > 0' <<< "$record" > /dev/null
 }
@@ -119,7 +125,10 @@ summarize() {
            iops: (map(.iops) | median), lat_avg_us: (map(.lat_avg_us) | median),
            lat_p99_us: (map(.lat_p99_us) | median), rounds: length,
            cpu_busy_pct: (map(.cpu_busy_pct) | transpose | map(median)),
-           nvmf_tgt_cpu_pct: (map(.nvmf_tgt_cpu_pct // empty) | median)})}) | from_entries) as $by
+           nvmf_tgt_cpu_pct: (map(.nvmf_tgt_cpu_pct // empty) | median),
+           reactor_busy_pct: (map(.reactor.busy_pct // empty) | median),
+           reactor_sleeps_per_1k_io: (map(select(.reactor != null) | 1000 * .reactor.sleeps / (.iops * ($runtime + $ramp))) | median)})})
+           | from_entries) as $by
          | {($ours): $by[$ours], ($kernel): $by[$kernel],
             iops_ratio: ratio($by[$ours].iops; $by[$kernel].iops),
             lat_ratio: ratio($by[$ours].lat_avg_us; $by[$kernel].lat_avg_us),
@@ -150,6 +159,11 @@ echo "## nvmf-tgt vs nvmet-rdma, Linux host + fio, Soft-RoCE in a $(nproc)-CPU T
 echo "fio on CPU $FIO_CPU; nvmf-tgt on CPU $TGT_CPU (reactor busy-polls while I/O flows); nvmet-rdma: kernel work on any CPU"
 echo
 cat "$RESULTS/bench.md" 2>/dev/null
+echo
+# Where nvmf-tgt's CPU went: its reactor's own accounting (busy loop passes that found work).
+jq -r --arg ours $OURS '.summary[] | .[$ours] as $o | select($o.rounds > 0) |
+  "\(.job): nvmf-tgt process \($o.nvmf_tgt_cpu_pct // "-")% of a CPU, reactor busy with work \($o.reactor_busy_pct // "-")% of the time, \($o.reactor_sleeps_per_1k_io // "-" | if type == "number" then (. * 10 | round) / 10 else . end) sleeps per 1000 I/O (medians)"' \
+  "$RESULTS/bench.json" 2>/dev/null
 echo
 # The issue's goals: figures, not checks (a TCG guest on a shared host is no place to assert speed).
 jq -r 'def verdict(r; better): if r == null then "not measured" elif better then "met" else "NOT met" end;
