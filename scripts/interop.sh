@@ -18,7 +18,8 @@
 #                  in build/lab/results/bench.md and bench.json
 # A suite whose binary does not exist yet reports its checks as skipped, never as passed.
 # Env: SMP (guest CPUs, 2), MEM (guest memory, 3G), LIMIT_<suite> (seconds; '-' as '_');
-#      bench: BENCH_REPS (rounds of A B, 3), BENCH_RUNTIME (seconds per fio job, 20).
+#      bench: BENCH_REPS (rounds of A B, 3), BENCH_RUNTIME (seconds per fio job, 20),
+#      BENCH_TGT_CPU (guest CPU of nvmf-tgt, 1; fio is on CPU 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -96,7 +97,7 @@ fi
   echo "PERF_BIN=$(exe bin nvmf-perf false)"
   echo "TGT_RELEASE_BIN=$(exe bin nvmf-tgt-release false)"
   for s in "${ALL[@]}" "${EXTRA[@]}"; do v=LIMIT_${s//-/_}; [ -n "${!v:-}" ] && echo "$v=${!v}"; done
-  for v in BENCH_REPS BENCH_RUNTIME; do [ -n "${!v:-}" ] && echo "$v=${!v}"; done
+  for v in BENCH_REPS BENCH_RUNTIME BENCH_TGT_CPU; do [ -n "${!v:-}" ] && echo "$v=${!v}"; done
 } > "$OUT/bins.env"
 if needs verbs; then
   grep -E '^(RDMA|TRANSPORT_LIB_TEST|CONFORMANCE|POLLGROUP)_BIN=$' "$OUT/bins.env" &&
