@@ -13,7 +13,7 @@
 #   kernel-target  nvmf discover/identify and nvmf-perf --verify against nvmet-rdma
 #   faults         nvmf-perf killed, nvme disconnect and nvmf-tgt SIGTERM under load
 #   all            every suite above
-#   bench          not in `all` (about 20 min): the Linux host + fio against nvmf-tgt (release
+#   bench          not in `all` (about 15 min): the Linux host + fio against nvmf-tgt (release
 #                  build) and against nvmet-rdma, alternated, in one boot; the table ours / kernel
 #                  in build/lab/results/bench.md and bench.json
 # A suite whose binary does not exist yet reports its checks as skipped, never as passed.
