@@ -42,6 +42,7 @@ busy_shares() {   # busy_shares BEFORE AFTER: a JSON array of each CPU's busy sh
 bench_tgt_up() {
   sed "s/^cores = \[1\]\$/cores = [$TGT_CPU]/" "$LAB/nvmf-tgt-bench.toml" > /tmp/nvmf-tgt-bench.toml &&
     grep -qx "cores = \[$TGT_CPU\]" /tmp/nvmf-tgt-bench.toml || { echo "no 'cores = [1]' line to move"; return 1; }
+  rm -f "$STATS"   # a previous round's figures must not be read as this daemon's
   taskset -c $TGT_CPU "$BENCH_TGT" --config /tmp/nvmf-tgt-bench.toml >> "$LOGS/nvmf-tgt.log" 2>&1 & TGT=$!
   wait_for 60 tgt_listening || { echo "nvmf-tgt is not listening on $IP:$PORT:"; tail -20 "$LOGS/nvmf-tgt.log"; return 1; }
 }
