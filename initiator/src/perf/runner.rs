@@ -136,6 +136,8 @@ where
             .wrapping_add(i as u64)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let job = Job::new(queue, ns, first, blocks, cfg.spec, seed, progress.clone())?;
+        // Queue index i (QID i + 1) goes to reactor i % n: `RdmaFabric::spread` placed it in
+        // that reactor's host poll group.
         let slot = i % per_reactor.len();
         per_reactor[slot].push(job);
     }

@@ -79,8 +79,12 @@ fn main() -> anyhow::Result<()> {
              this process; use --transport soft-tcp to reach nvmf-tgt's soft device"
         ),
         name => {
-            let fabric =
-                RdmaFabric::new(name, None).with_context(|| format!("transport '{name}'"))?;
+            let reactors = parse_cores(&args.cores).map_err(anyhow::Error::msg)?.len();
+            // One host poll group per reactor: I/O queue i joins reactor i % n's group, where
+            // the runner moves it.
+            let fabric = RdmaFabric::new(name, None)
+                .with_context(|| format!("transport '{name}'"))?
+                .spread(reactors);
             perf(fabric, &args)
         }
     }
