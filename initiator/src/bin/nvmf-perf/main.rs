@@ -20,6 +20,11 @@ use nvmf_initiator::rdma::RdmaFabric;
 
 /// Drive I/O at every namespace of one NVMe-oF subsystem and report IOPS, bandwidth and
 /// latency percentiles per namespace and in total.
+///
+/// A lost connection fails the I/O in flight (counted as "lost with the connection"); the
+/// controller then reconnects per --reconnect-delay / --ctrl-loss-tmo and the run goes on over
+/// fresh queues. The exit status is non-zero on any I/O error or verify failure, when the
+/// controller is given up (ctrl-loss-tmo passed, or 0), or when it is not back at the end.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -64,8 +69,15 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Without RUST_LOG: warnings, and the controller's connection story (lost, reconnected).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "warn,nvmf_initiator::controller=info,nvmf_initiator::perf=info",
+        )
+    });
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
@@ -167,9 +179,17 @@ where
     }
     if !report.passed() {
         bail!(
-            "{} I/O errors, {} verify failures",
+            "{} I/O errors, {} verify failures{}",
             report.total.errors,
-            report.total.verify_failures
+            report.total.verify_failures,
+            if report.connected_at_end {
+                String::new()
+            } else {
+                format!(
+                    ", the connection was lost ({} I/O failed with it) and not back at the end",
+                    report.total.lost
+                )
+            }
         );
     }
     Ok(())
