@@ -360,3 +360,30 @@ fn queues_of_two_controllers_share_one_group_in_process() {
 fn queues_of_two_controllers_share_one_group_over_tcp() {
     shared_group(SoftFabric::Tcp, "soft-tcp", Ipv4Addr::new(127, 0, 11, 3));
 }
+
+/// Spread over two reactors: the admin queue joins the control thread's group, I/O queue qid q
+/// the group of reactor (q - 1) % 2, where nvmf-perf's runner moves it.
+#[test]
+fn spread_places_admin_on_control_and_io_queues_by_qid() {
+    use nvmf_initiator::rdma::QueueHome;
+    let rig = Rig::start(SoftFabric::InProcess, Ipv4Addr::new(127, 0, 11, 4));
+    let mut address = rig.address.clone();
+    address.transport = "soft".into();
+    let fabric = RdmaFabric::new("soft", None).expect("fabric").spread(2);
+    let mut c = controller(&fabric, &address, 3);
+    let mut groups: Vec<(QueueHome, usize)> = fabric
+        .host_groups()
+        .into_iter()
+        .map(|g| (g.home, g.queues))
+        .collect();
+    groups.sort_by_key(|(home, _)| format!("{home:?}"));
+    assert_eq!(
+        groups,
+        vec![
+            (QueueHome::Control, 1),
+            (QueueHome::Reactor(0), 2),
+            (QueueHome::Reactor(1), 1),
+        ]
+    );
+    c.shutdown().expect("shutdown");
+}
