@@ -209,10 +209,13 @@ impl HostGroup {
     /// Takes `side` in with `depth` request objects reserved; returns its token.
     pub(super) fn join(&mut self, side: Side, depth: u32) -> Result<u64, ConnectError> {
         let reserved: u32 = self.reserved.iter().sum();
-        if reserved + depth > self.cfg.requests {
+        // What the poll group really has: it caps request objects to fit a small device CQ.
+        let capacity = self.pg.config().max_requests;
+        if reserved + depth > capacity {
             return Err(ConnectError::Resources(format!(
-                "host poll group of {:?} is full: {reserved} of {} request objects reserved, \
-                 a queue of depth {depth} does not fit (raise HostGroupConfig::requests)",
+                "host poll group of {:?} is full: {reserved} of {capacity} request objects \
+                 reserved, a queue of depth {depth} does not fit (raise \
+                 HostGroupConfig::requests; asked {})",
                 self.home, self.cfg.requests
             )));
         }

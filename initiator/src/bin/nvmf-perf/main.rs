@@ -16,7 +16,7 @@ use nvmf_initiator::perf::job::JobSpec;
 use nvmf_initiator::perf::runner::{RunConfig, run};
 use nvmf_initiator::perf::workload::Pattern;
 use nvmf_initiator::queue::Fabric;
-use nvmf_initiator::rdma::RdmaFabric;
+use nvmf_initiator::rdma::{HostGroupConfig, RdmaFabric};
 
 /// Drive I/O at every namespace of one NVMe-oF subsystem and report IOPS, bandwidth and
 /// latency percentiles per namespace and in total.
@@ -96,9 +96,29 @@ fn main() -> anyhow::Result<()> {
             // the runner moves it.
             let fabric = RdmaFabric::new(name, None)
                 .with_context(|| format!("transport '{name}'"))?
-                .spread(reactors);
+                .spread(reactors)
+                .group_config(host_groups(&args, reactors));
             perf(fabric, &args)
         }
+    }
+}
+
+/// Host poll groups sized for this run: each reactor's group takes its share of the I/O queues
+/// (qpairs per namespace times the namespaces driven; 4 assumed when --nsid is not given) at
+/// -q each, and a queue as deep as -q.
+fn host_groups(args: &Args, reactors: usize) -> HostGroupConfig {
+    let default = HostGroupConfig::default();
+    let depth = args.queue_depth.clamp(2, 4096) as u32;
+    let namespaces = if args.nsid.is_empty() {
+        4
+    } else {
+        args.nsid.len()
+    };
+    let queues = (args.qpairs.max(1) * namespaces).div_ceil(reactors.max(1)) as u32;
+    HostGroupConfig {
+        max_queues: default.max_queues.min(queues + 8),
+        max_queue_depth: default.max_queue_depth.max(depth),
+        requests: default.requests.max(depth * queues),
     }
 }
 
