@@ -289,7 +289,11 @@ struct FileChannel {
     file: Arc<File>,
     direct: bool,
     ring: IoUring,
-    slots: Vec<Slot>,
+    /// Boxed: an SQE points at its slot's iovec list until the ring is entered, so a slot
+    /// must not move when the list grows (a `Vec<Slot>` reallocating handed the kernel freed
+    /// memory: EFAULT, or stale iovecs).
+    #[allow(clippy::vec_box)] // the box is the point: a stable address
+    slots: Vec<Box<Slot>>,
     free: Vec<u32>,
     live: usize,
     /// SQEs pushed since the ring was last entered.
@@ -315,7 +319,7 @@ impl FileChannel {
             Some(i) => i,
             None => {
                 // Grows only past the previous high-water mark.
-                self.slots.push(Slot::new());
+                self.slots.push(Box::new(Slot::new()));
                 (self.slots.len() - 1) as u32
             }
         };
@@ -342,8 +346,9 @@ impl FileChannel {
     fn push(&mut self, entry: squeue::Entry) -> Result<(), i32> {
         // SAFETY: every address in `entry` stays valid until its completion is reaped: host
         // segments by the IoBuf lending contract, slot-owned iovec lists and scratch buffers
-        // because a slot is not reused or dropped before its last SQE completes, the zero
-        // buffer because it lives as long as the channel, and Drop waits for every SQE.
+        // because a slot is boxed (never moves) and is not reused or dropped before its last
+        // SQE completes, the zero buffer because it lives as long as the channel, and Drop
+        // waits for every SQE.
         let pushed = unsafe { self.ring.submission().push(&entry) };
         if pushed.is_err() {
             self.ring
@@ -597,7 +602,10 @@ impl FileChannel {
     }
 
     fn enter(&mut self) {
-        if self.unsubmitted > 0 {
+        // More I/Os in flight than the CQ holds park completions on the kernel's overflow
+        // list; only entering the ring (with GETEVENTS, which `submit` adds when the overflow
+        // flag is up) moves them back into the CQ. Without it they were never reaped.
+        if self.unsubmitted > 0 || self.ring.submission().cq_overflow() {
             match self.ring.submit() {
                 Ok(_) => self.unsubmitted = 0,
                 Err(e) => tracing::warn!(bdev = %self.info.name, "io_uring submit: {e}"),
@@ -793,6 +801,53 @@ mod tests {
             IoStatus::Success
         );
         assert!(back.iter().all(|b| *b == (299 % 256) as u8));
+    }
+
+    /// An SQE points at its slot's iovec list until the ring is entered: the list must stay
+    /// where it is while later submissions grow the slot table (they did move: EFAULT). And
+    /// 1024 I/Os in flight are more than the CQ holds: the overflow must still be reaped (it
+    /// hung). Every write lands.
+    #[test]
+    fn a_slot_does_not_move_while_the_table_grows() {
+        let d = dir();
+        let b = FileBdev::open("f", &d.path().join("grow"), 4096, Some(1 << 22), true).unwrap();
+        let mut file = b.channel().unwrap();
+        let mut bufs: Vec<AlignedBuf> = (0..1024).map(|_| AlignedBuf::new(4096)).collect();
+        let mut first = None;
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            buf.as_mut_slice().fill(i as u8);
+            let mut segs = [buf.as_mut_slice()];
+            let mut io = IoBuf::new(&mut segs);
+            let op = BdevOp::Write {
+                lba: i as u64,
+                blocks: 1,
+            };
+            assert_eq!(file.submit(op, &mut io, i as u64), Submitted::Queued);
+            let addr = file.slots[0].submit.vecs.as_ptr() as usize;
+            assert_eq!(
+                *first.get_or_insert(addr),
+                addr,
+                "slot 0 moved at write {i}"
+            );
+        }
+        let mut failed = Vec::new();
+        while file.in_flight() > 0 {
+            file.poll(&mut |tag, s| {
+                if s != IoStatus::Success {
+                    failed.push((tag, s));
+                }
+            });
+        }
+        assert!(failed.is_empty(), "{failed:?}");
+        let mut back = AlignedBuf::new(4096);
+        for i in [0usize, 255, 256, 511, 777, 1023] {
+            let op = BdevOp::Read {
+                lba: i as u64,
+                blocks: 1,
+            };
+            assert_eq!(run(&mut file, op, back.as_mut_slice()), IoStatus::Success);
+            assert!(back.as_slice().iter().all(|b| *b == i as u8), "block {i}");
+        }
     }
 
     #[test]
