@@ -712,17 +712,22 @@ fn transmit_pending(
 ) -> std::result::Result<(), (usize, WcStatus)> {
     let first = sq.iter().rposition(|e| e.sent).map_or(0, |i| i + 1);
     let is_read = |e: &SqEntry| matches!(e.op, SendOp::RdmaRead { .. });
-    let mut reads = sq.iter().take(first).filter(|e| is_read(e)).count();
+    // READs on the wire, counted only when a READ is to go: every post comes here, and the
+    // count walks the whole send queue.
+    let mut reads: Option<usize> = None;
     let depth = usize::from(qp.read_depth());
-    for (i, e) in sq.iter_mut().enumerate().skip(first) {
-        if is_read(e) {
+    for i in first..sq.len() {
+        if is_read(&sq[i]) {
             // Initiator depth: a READ past it waits (and all behind it) until a response
             // frees a slot; the READ_RESP handler's progress sends it then.
-            if reads >= depth {
+            let on_wire =
+                reads.get_or_insert_with(|| sq.iter().take(i).filter(|e| is_read(e)).count());
+            if *on_wire >= depth {
                 break;
             }
-            reads += 1;
+            *on_wire += 1;
         }
+        let e = &mut sq[i];
         transmit(qp, conn, e).map_err(|status| (i, status))?;
     }
     Ok(())
