@@ -22,6 +22,10 @@
 //!   (edge-triggered, read until WouldBlock). Polling the CQ polls epoll with a zero timeout and
 //!   runs the ready QPs only, so thousands of idle QPs cost nothing. Writes are non-blocking
 //!   with a per-connection output buffer, flushed on writable readiness.
+//! - Syscalls are per batch, not per frame: a `post_send` list is written with one write at its
+//!   end, a progress run reads until a short read (edge-triggered epoll reports later data) and
+//!   writes once, a responder sends one cumulative ACK per batch of requests it read, and
+//!   write-space events (one per TCP ACK the kernel gets) run nothing unless output waits.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
