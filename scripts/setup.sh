@@ -7,8 +7,9 @@ say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # Debian packages: verbs + rdmacm headers and providers for rdma-sys, libclang for its bindgen,
-# pkg-config to find them, rdma-core/ibverbs-utils for the diagnostics users compare against.
-PKGS=(libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils pkg-config clang libclang-dev)
+# pkg-config to find them, rdma-core/ibverbs-utils for the diagnostics users compare against,
+# valgrind for scripts/bench.sh's instructions per I/O (callgrind).
+PKGS=(libibverbs-dev librdmacm-dev ibverbs-providers rdma-core ibverbs-utils pkg-config clang libclang-dev valgrind)
 
 missing=()
 for p in "${PKGS[@]}"; do

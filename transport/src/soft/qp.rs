@@ -1124,13 +1124,21 @@ impl QpOps for SoftQp {
         Ok(())
     }
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            self.post_one(wr).map_err(|error| PostError {
-                failed_index: i,
-                error,
-            })?;
+            if let Err(error) = self.post_one(wr) {
+                result = Err(PostError {
+                    failed_index: i,
+                    error,
+                });
+                break;
+            }
         }
-        Ok(())
+        if self.sh.fabric == SoftFabric::Tcp {
+            // One write for the whole list (the WRs before a failed one were posted too).
+            tcp::flush_posted(&self.sh);
+        }
+        result
     }
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let sh = &self.sh;

@@ -1,0 +1,237 @@
+//! (d) instructions per I/O. The hardware counters of this VM are not exposed (perf stat:
+//! "cycles <not supported>"), so instructions are counted by valgrind's callgrind.
+//!
+//! [`run`] is the profiled workload: the target engine and nvmf-perf's job on ONE reactor thread
+//! (in-process fabric, null namespace), exactly N I/O. One thread makes the count independent of
+//! how valgrind schedules threads (two busy-polling threads would count each other's waiting).
+//! [`profile`] runs it under callgrind twice per side, collecting only inside that side's
+//! poller (`--toggle-collect`: the target's poll-group poller, the initiator's job poller), for
+//! N and 2N I/O: (Ir(2N) - Ir(N)) / (I/O(2N) - I/O(N)) cancels connection set-up. The top
+//! functions (self cost) come from `callgrind_annotate` of the 2N run.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use nvmf_initiator::perf::job::JobSpec;
+use nvmf_initiator::rdma::RdmaFabric;
+
+use crate::host;
+use crate::stats::{Collector, Section};
+use crate::target::InProcessTarget;
+
+/// callgrind's function patterns for each side's poller.
+const TARGET_POLLER: &str = "*GroupPoller*as nvmf_poller::poller::Poller>::poll";
+const HOST_POLLER: &str = "*JobPoller as nvmf_poller::poller::Poller>::poll";
+
+/// The profiled workload; returns the I/O completed.
+pub fn run(ios: u64, depth: usize, workload: &str, core: usize) -> Result<u64> {
+    let pattern = workload
+        .parse()
+        .map_err(|e| anyhow::anyhow!("workload '{workload}': {e}"))?;
+    let target = InProcessTarget::start(core, false, None)?;
+    let fabric = RdmaFabric::new("soft", None).context("in-process fabric")?;
+    let address = host::address("soft", target.addr);
+    let mut controllers = host::connect(&fabric, &address, 1, depth as u16)?;
+    let spec = JobSpec {
+        pattern,
+        mix: 50,
+        io_size: 4096,
+        depth,
+        verify: false,
+    };
+    let run = host::Run::new(&mut controllers, 1, spec, Some(ios))?;
+    let (report, queues) = run.drive(
+        &target.runtime().reactors()[0],
+        &mut controllers,
+        Duration::from_secs(3600),
+    )?;
+    drop(queues);
+    for mut c in controllers {
+        let _ = c.shutdown();
+    }
+    target.stop()?;
+    if !report.passed() {
+        bail!("I/O failed: {:?}", report.errors);
+    }
+    Ok(report.total.ios)
+}
+
+/// Total instructions in a callgrind output file (its `totals:` / `summary:` line).
+fn total_ir(file: &Path) -> Result<u64> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    text.lines()
+        .rev()
+        .find_map(|l| {
+            l.strip_prefix("totals:")
+                .or_else(|| l.strip_prefix("summary:"))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("{}: no totals line", file.display()))
+}
+
+/// The top `n` functions by self cost: (instructions, share %, function).
+fn top_functions(file: &Path, n: usize) -> Result<Vec<(u64, f64, String)>> {
+    let out = Command::new("callgrind_annotate")
+        .arg(file)
+        .output()
+        .context("running callgrind_annotate (Debian package valgrind)")?;
+    if !out.status.success() {
+        bail!(
+            "callgrind_annotate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(parse_annotate(&String::from_utf8_lossy(&out.stdout), n))
+}
+
+/// Parses callgrind_annotate's function table ("1,234 (12.5%)  file:function").
+fn parse_annotate(text: &str, n: usize) -> Vec<(u64, f64, String)> {
+    let mut rows = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        if line.contains("file:function") {
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue;
+        }
+        let t = line.trim();
+        let Some((count, rest)) = t.split_once(char::is_whitespace) else {
+            continue;
+        };
+        let Ok(ir) = count.replace(',', "").parse::<u64>() else {
+            if rows.is_empty() {
+                continue;
+            }
+            break;
+        };
+        let rest = rest.trim();
+        let (pct, func) = match rest.strip_prefix('(') {
+            Some(r) => match r.split_once("%)") {
+                Some((p, f)) => (p.trim().parse().unwrap_or(0.0), f.trim()),
+                None => (0.0, rest),
+            },
+            None => (0.0, rest),
+        };
+        // "???:name" or "path/file.rs:name": keep the function, shorten generic noise.
+        let func = func.split_once(':').map(|(_, f)| f).unwrap_or(func);
+        rows.push((ir, pct, func.to_string()));
+        if rows.len() >= n {
+            break;
+        }
+    }
+    rows
+}
+
+fn callgrind(
+    out_dir: &Path,
+    side: &str,
+    pattern: &str,
+    ios: u64,
+    depth: usize,
+    workload: &str,
+) -> Result<(u64, std::path::PathBuf)> {
+    let file = out_dir.join(format!("{side}-{workload}-qd{depth}-{ios}.out"));
+    let exe = std::env::current_exe().context("locating nvmf-bench")?;
+    let out = Command::new("valgrind")
+        .arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", file.display()))
+        .arg(format!("--toggle-collect={pattern}"))
+        .arg(exe)
+        .args(["cost-run", "--ios", &ios.to_string()])
+        .args(["--depth", &depth.to_string(), "--workload", workload])
+        .output()
+        .context("running valgrind (Debian package valgrind)")?;
+    if !out.status.success() {
+        bail!(
+            "valgrind cost-run failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let done: u64 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .context("cost-run printed no I/O count")?;
+    Ok((done, file))
+}
+
+/// The profile section: instructions per I/O per side, and the top functions.
+pub fn profile(
+    ios: u64,
+    depth: usize,
+    workload: &str,
+    top: usize,
+    out_dir: &Path,
+) -> Result<Section> {
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let mut c = Collector::default();
+    let mut notes = Vec::new();
+    for (side, pattern) in [("target", TARGET_POLLER), ("initiator", HOST_POLLER)] {
+        let (done1, f1) = callgrind(out_dir, side, pattern, ios, depth, workload)?;
+        let (done2, f2) = callgrind(out_dir, side, pattern, ios * 2, depth, workload)?;
+        let (ir1, ir2) = (total_ir(&f1)?, total_ir(&f2)?);
+        if done2 <= done1 || ir2 <= ir1 {
+            bail!("{side}: no growth between runs ({done1} / {done2} I/O, {ir1} / {ir2} Ir)");
+        }
+        let per_io = (ir2 - ir1) as f64 / (done2 - done1) as f64;
+        let case = format!("{side}, {workload} QD {depth}");
+        c.add(&case, "instructions per I/O", per_io);
+        c.add(&case, "I/O counted", (done2 - done1) as f64);
+        let mut lines = vec![format!(
+            "Top functions, {side} side (self instructions per I/O, share of the side), \
+             from {}:",
+            f2.display()
+        )];
+        lines.push(String::new());
+        lines.push("| instr/I/O | share | function |".into());
+        lines.push("|---:|---:|---|".into());
+        for (ir, pct, func) in top_functions(&f2, top)? {
+            lines.push(format!(
+                "| {:.0} | {pct:.1} % | `{}` |",
+                ir as f64 / done2 as f64,
+                func.replace('|', "\\|")
+            ));
+        }
+        notes.push(lines.join("\n"));
+    }
+    Ok(Section {
+        id: "cost".into(),
+        title: format!(
+            "(d) Instructions per I/O (callgrind), {workload} 4 KiB QD {depth}, in-process fabric, \
+             both sides' pollers on one reactor thread"
+        ),
+        command: format!("nvmf-bench cost --ios {ios} --depth {depth} --workload {workload}"),
+        rows: c.rows(),
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotate_table_is_parsed() {
+        let text = "\
+--------------------------------------------------------------------------------
+Ir                  file:function
+--------------------------------------------------------------------------------
+1,000,000 (50.00%)  ???:nvmf_transport::soft::cq::poll [/x/nvmf-bench]
+  250,000 (12.50%)  /rustc/abc/library/core/src/ptr.rs:memcpy [/x/nvmf-bench]
+
+--------------------------------------------------------------------------------
+";
+        let rows = parse_annotate(text, 10);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].0, 1_000_000);
+        assert_eq!(rows[0].1, 50.0);
+        assert!(rows[0].2.starts_with("nvmf_transport::soft::cq::poll"));
+        assert_eq!(rows[1].0, 250_000);
+        assert_eq!(parse_annotate(text, 1).len(), 1);
+    }
+}

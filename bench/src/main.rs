@@ -1,0 +1,280 @@
+//! nvmf-bench: the figures of docs/performance.md, each measured over several runs (median,
+//! min, max). `scripts/bench.sh` runs them all and writes build/bench/bench.json.
+#![forbid(unsafe_code)]
+
+mod cost;
+mod host;
+mod runs;
+mod stats;
+mod target;
+mod wire;
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+
+use stats::Section;
+
+/// Benchmarks of nvmf-rs on the soft RDMA provider: the in-process fabric's own limit, target
+/// and initiator in one process, target and initiator as processes over soft TCP, many qpairs
+/// on one target reactor, and instructions per I/O. Each prints a table (or JSON with --json)
+/// of the median, min and max over --runs runs.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+/// Flags every measurement takes.
+#[derive(Debug, Clone, Args)]
+pub struct Common {
+    /// Runs of every case; the table shows the median and the range. Runs are interleaved
+    /// across cases, so a slow stretch of the machine hits every case alike.
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Measured seconds per run and case (after a short warm-up where applicable).
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Core of the target (wire: the requester).
+    #[arg(long, default_value_t = 0)]
+    target_core: usize,
+    /// Core of the initiator (wire: the responder).
+    #[arg(long, default_value_t = 1)]
+    host_core: usize,
+    /// Do not pin threads to their cores.
+    #[arg(long)]
+    no_pin: bool,
+    /// Print JSON (a list of sections) instead of a markdown table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Common {
+    fn duration(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64(self.seconds.max(0.1))
+    }
+    fn pin(&self) -> bool {
+        !self.no_pin
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// The soft in-process fabric's limit, transport API only: SEND/RECV messages per second
+    /// and 4 KiB RDMA WRITEs per second, one pinned thread per side, a fixed window in flight.
+    Wire {
+        #[command(flatten)]
+        common: Common,
+        /// Work requests kept in flight by the requester.
+        #[arg(long, default_value_t = 64)]
+        window: u32,
+        /// SEND size in bytes (64: an NVMe command capsule).
+        #[arg(long, default_value_t = 64)]
+        send_size: u32,
+        /// RDMA WRITE size in bytes.
+        #[arg(long, default_value_t = 4096)]
+        write_size: u32,
+    },
+    /// nvmf-tgt's engine (null namespace, one reactor) and nvmf-perf's engine (one reactor) in
+    /// this process on the soft in-process fabric: 4 KiB randread and randwrite at each queue
+    /// depth: IOPS, average and p99 latency.
+    Inproc {
+        #[command(flatten)]
+        common: Common,
+        /// Queue depths, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,32,128")]
+        depths: Vec<usize>,
+        /// Workloads, comma separated (randread, randwrite, read, write).
+        #[arg(long, value_delimiter = ',', default_value = "randread,randwrite")]
+        workloads: Vec<String>,
+    },
+    /// nvmf-tgt (binary, null namespace, one reactor) and nvmf-perf (binary, --json, one
+    /// reactor) as two processes over the soft TCP fabric on loopback: 4 KiB randread.
+    Tcp {
+        #[command(flatten)]
+        common: Common,
+        /// Queue depths, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "32,1")]
+        depths: Vec<usize>,
+        /// TCP port nvmf-tgt listens on (127.0.0.1).
+        #[arg(long, default_value_t = target::TCP_PORT)]
+        port: u16,
+        /// Where the daemon's configuration copy and log go.
+        #[arg(long, default_value = "build/bench")]
+        work_dir: PathBuf,
+    },
+    /// Connected I/O qpairs on one target reactor at one total queue depth: IOPS and resident
+    /// memory. With more qpairs than the total depth, that many carry I/O at depth 1 and the
+    /// rest stay connected and idle.
+    Qpairs {
+        #[command(flatten)]
+        common: Common,
+        /// Qpair counts, comma separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,64,1024")]
+        counts: Vec<usize>,
+        /// Total queue depth over all qpairs.
+        #[arg(long, default_value_t = 128)]
+        total_depth: usize,
+        /// inproc: target and host in this process (RSS is the whole process's); tcp: nvmf-tgt
+        /// as its own process over soft TCP (RSS is the daemon's alone).
+        #[arg(long, default_value = "inproc")]
+        fabric: String,
+        /// TCP port for --fabric tcp.
+        #[arg(long, default_value_t = target::TCP_PORT + 1)]
+        port: u16,
+        /// Where the daemon's configuration copy and log go (--fabric tcp).
+        #[arg(long, default_value = "build/bench")]
+        work_dir: PathBuf,
+    },
+    /// Instructions per I/O on the target and on the initiator, and their top functions:
+    /// runs `cost-run` under valgrind's callgrind (both sides' pollers on one reactor thread),
+    /// once collecting only inside the target's poll group poller and once only inside the
+    /// initiator's job poller, for two I/O counts; the difference cancels the set-up.
+    Cost {
+        /// I/O of the shorter run (the longer does twice as many).
+        #[arg(long, default_value_t = 50_000)]
+        ios: u64,
+        /// Queue depth.
+        #[arg(long, default_value_t = 32)]
+        depth: usize,
+        /// Workload (randread, randwrite).
+        #[arg(long, default_value = "randread")]
+        workload: String,
+        /// Functions listed per side.
+        #[arg(long, default_value_t = 12)]
+        top: usize,
+        /// Where callgrind's output files go.
+        #[arg(long, default_value = "build/bench/callgrind")]
+        out_dir: PathBuf,
+        /// Print JSON instead of markdown.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The workload `cost` profiles: target and initiator pollers on one reactor thread,
+    /// exactly --ios I/O (then stop). Prints the I/O count done.
+    CostRun {
+        /// I/O to complete.
+        #[arg(long)]
+        ios: u64,
+        /// Queue depth.
+        #[arg(long, default_value_t = 32)]
+        depth: usize,
+        /// Workload (randread, randwrite).
+        #[arg(long, default_value = "randread")]
+        workload: String,
+        /// Core of the one reactor.
+        #[arg(long, default_value_t = 0)]
+        core: usize,
+    },
+    /// Merge JSON outputs of the other commands into one file and print the markdown tables
+    /// (with the in-process share of the wire limit when both are present).
+    Report {
+        /// JSON files written by --json runs.
+        files: Vec<PathBuf>,
+        /// Write the merged JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// A line printed above the tables (e.g. the machine and N).
+        #[arg(long)]
+        header: Option<String>,
+    },
+}
+
+fn emit(sections: &[Section], json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(sections)?);
+    } else {
+        print!("{}", stats::markdown(sections, None));
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Wire {
+            common,
+            window,
+            send_size,
+            write_size,
+        } => {
+            let s = runs::wire(&common, window, send_size, write_size)?;
+            emit(&[s], common.json)
+        }
+        Cmd::Inproc {
+            common,
+            depths,
+            workloads,
+        } => {
+            let s = runs::inproc(&common, &depths, &workloads)?;
+            emit(&[s], common.json)
+        }
+        Cmd::Tcp {
+            common,
+            depths,
+            port,
+            work_dir,
+        } => {
+            let s = runs::tcp(&common, &depths, port, &work_dir)?;
+            emit(&[s], common.json)
+        }
+        Cmd::Qpairs {
+            common,
+            counts,
+            total_depth,
+            fabric,
+            port,
+            work_dir,
+        } => {
+            let s = runs::qpairs(&common, &counts, total_depth, &fabric, port, &work_dir)?;
+            emit(&[s], common.json)
+        }
+        Cmd::Cost {
+            ios,
+            depth,
+            workload,
+            top,
+            out_dir,
+            json,
+        } => {
+            let s = cost::profile(ios, depth, &workload, top, &out_dir)?;
+            emit(&[s], json)
+        }
+        Cmd::CostRun {
+            ios,
+            depth,
+            workload,
+            core,
+        } => {
+            let done = cost::run(ios, depth, &workload, core)?;
+            println!("{done}");
+            Ok(())
+        }
+        Cmd::Report { files, out, header } => {
+            let mut sections: Vec<Section> = Vec::new();
+            for f in &files {
+                let text = std::fs::read_to_string(f)
+                    .with_context(|| format!("reading {}", f.display()))?;
+                let mut s: Vec<Section> = serde_json::from_str(&text)
+                    .with_context(|| format!("{}: not nvmf-bench JSON", f.display()))?;
+                sections.append(&mut s);
+            }
+            runs::add_wire_share(&mut sections);
+            if let Some(out) = out {
+                std::fs::write(&out, serde_json::to_string_pretty(&sections)?)
+                    .with_context(|| format!("writing {}", out.display()))?;
+            }
+            print!("{}", stats::markdown(&sections, header.as_deref()));
+            Ok(())
+        }
+    }
+}

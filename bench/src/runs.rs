@@ -1,0 +1,402 @@
+//! The measurements behind each subcommand: set up once, then run every case once per run
+//! (runs interleaved across cases), collecting each run's figures into a [`Section`].
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use nvmf_initiator::clock::SystemClock;
+use nvmf_initiator::controller::{Controller, ControllerOptions, ReconnectPolicy};
+use nvmf_initiator::perf::job::JobSpec;
+use nvmf_initiator::perf::runner::{RunConfig, run};
+use nvmf_initiator::perf::workload::Pattern;
+use nvmf_initiator::rdma::RdmaFabric;
+use nvmf_poller::{Runtime, RuntimeConfig};
+
+use crate::Common;
+use crate::host;
+use crate::stats::{Collector, Metric, Section};
+use crate::target::{self, Daemon, InProcessTarget};
+use crate::wire::{self, Op, WireSpec};
+
+/// Row names of the wire section, used to compute the in-process share.
+const WIRE_SEND: &str = "SEND/RECV";
+const WIRE_WRITE: &str = "RDMA WRITE";
+
+fn command_line() -> String {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    format!("nvmf-bench {}", args.join(" "))
+}
+
+/// (a) the fabric's own limit.
+pub fn wire(common: &Common, window: u32, send_size: u32, write_size: u32) -> Result<Section> {
+    let mut c = Collector::default();
+    let cases = [
+        (
+            format!("{WIRE_SEND} {send_size} B"),
+            Op::Send { size: send_size },
+        ),
+        (
+            format!("{WIRE_WRITE} {write_size} B"),
+            Op::Write { size: write_size },
+        ),
+    ];
+    for _ in 0..common.runs.max(1) {
+        for (name, op) in &cases {
+            let rate = wire::measure(&WireSpec {
+                op: *op,
+                window,
+                duration: common.duration(),
+                requester_core: common.target_core,
+                responder_core: common.host_core,
+                pin: common.pin(),
+            })
+            .with_context(|| format!("wire {name}"))?;
+            c.add(name, "Mops/s", rate / 1e6);
+            let bytes = match op {
+                Op::Send { size } | Op::Write { size } => *size,
+            };
+            c.add(name, "GiB/s", rate * f64::from(bytes) / (1u64 << 30) as f64);
+        }
+    }
+    Ok(Section {
+        id: "wire".into(),
+        title: format!(
+            "(a) Soft in-process fabric limit: transport API only, window {window}, one core each side"
+        ),
+        command: command_line(),
+        rows: c.rows(),
+        notes: vec![],
+    })
+}
+
+fn pattern(name: &str) -> Result<Pattern> {
+    name.parse::<Pattern>()
+        .map_err(|e| anyhow::anyhow!("workload '{name}': {e}"))
+}
+
+fn host_options(depth: usize, io_queues: u16) -> ControllerOptions {
+    let mut options = ControllerOptions::new(
+        target::NQN,
+        "nqn.2014-08.org.nvmexpress:uuid:b0b0b0b0-0000-0000-0000-000000000001",
+        [0xb0; 16],
+    );
+    options.io_queues = io_queues;
+    options.io_queue_depth = depth.clamp(2, 4096) as u16;
+    options.reconnect = ReconnectPolicy::never();
+    options
+}
+
+/// (b) target and initiator engines in one process.
+pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result<Section> {
+    let target = InProcessTarget::start(common.target_core, common.pin(), None)?;
+    let fabric = RdmaFabric::new("soft", None).context("in-process fabric")?;
+    let address = host::address("soft", target.addr);
+    let mut c = Collector::default();
+    for _ in 0..common.runs.max(1) {
+        for w in workloads {
+            let pattern = pattern(w)?;
+            for &depth in depths {
+                let mut controller = Controller::connect(
+                    fabric.clone(),
+                    address.clone(),
+                    host_options(depth, 1),
+                    Arc::new(SystemClock),
+                )
+                .context("connecting to the in-process target")?;
+                let report = run(
+                    &mut controller,
+                    &RunConfig {
+                        spec: JobSpec {
+                            pattern,
+                            mix: 50,
+                            io_size: 4096,
+                            depth,
+                            verify: false,
+                        },
+                        duration: common.duration(),
+                        cores: vec![common.host_core],
+                        pin: common.pin(),
+                        qpairs_per_namespace: 1,
+                        nsids: vec![],
+                        seed: 1,
+                        progress_every: None,
+                    },
+                    |_| {},
+                )
+                .context("perf run")?;
+                let _ = controller.shutdown();
+                if !report.passed() {
+                    bail!("{w} QD {depth}: {:?}", report.errors);
+                }
+                let case = format!("{w} QD {depth}");
+                c.add(&case, "IOPS", report.total.iops);
+                c.add(&case, "avg us", report.total.avg_us);
+                c.add(&case, "p99 us", report.total.p99_us);
+            }
+        }
+    }
+    target.stop()?;
+    Ok(Section {
+        id: "inproc".into(),
+        title: "(b) nvmf-tgt engine + nvmf-perf engine in one process, soft in-process fabric, \
+                null namespace, 4 KiB, 1 target reactor + 1 initiator reactor"
+            .into(),
+        command: command_line(),
+        rows: c.rows(),
+        notes: vec![],
+    })
+}
+
+/// nvmf-perf's JSON total: (IOPS, avg us, p99 us).
+fn perf_totals(json: &str) -> Result<(f64, f64, f64)> {
+    let v: serde_json::Value = serde_json::from_str(json).context("nvmf-perf --json output")?;
+    let total = &v["total"];
+    let get = |k: &str| {
+        total[k]
+            .as_f64()
+            .with_context(|| format!("nvmf-perf JSON has no total.{k}"))
+    };
+    Ok((get("iops")?, get("avg_us")?, get("p99_us")?))
+}
+
+/// (c) nvmf-tgt and nvmf-perf as processes over soft TCP.
+pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Result<Section> {
+    let daemon = Daemon::start(common.target_core, port, work_dir)?;
+    let perf = target::sibling_binary("nvmf-perf")?;
+    let mut c = Collector::default();
+    let seconds = common.seconds.max(1.0).round() as u64;
+    for _ in 0..common.runs.max(1) {
+        for &depth in depths {
+            let mut cmd = Command::new(&perf);
+            cmd.args(["--transport", "soft-tcp", "-a", "127.0.0.1"])
+                .args(["-s", &port.to_string(), "-n", target::NQN])
+                .args(["-q", &depth.to_string(), "-o", "4096", "-w", "randread"])
+                .args([
+                    "-t",
+                    &seconds.to_string(),
+                    "-c",
+                    &common.host_core.to_string(),
+                ])
+                .args(["--kato", "5", "--json"]);
+            if !common.pin() {
+                cmd.arg("--no-pin");
+            }
+            let out = cmd.output().context("running nvmf-perf")?;
+            if !out.status.success() {
+                bail!(
+                    "nvmf-perf QD {depth} failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let (iops, avg, p99) = perf_totals(&String::from_utf8_lossy(&out.stdout))?;
+            let case = format!("randread QD {depth}");
+            c.add(&case, "IOPS", iops);
+            c.add(&case, "avg us", avg);
+            c.add(&case, "p99 us", p99);
+            c.add(
+                &case,
+                "target RSS MiB",
+                target::rss_kib(&daemon.pid().to_string())? as f64 / 1024.0,
+            );
+        }
+    }
+    daemon.stop()?;
+    Ok(Section {
+        id: "tcp".into(),
+        title: format!(
+            "(c) nvmf-tgt + nvmf-perf as processes over soft TCP on loopback, null namespace, \
+             4 KiB, 1 target core + 1 host core ({seconds} s per run)"
+        ),
+        command: command_line(),
+        rows: c.rows(),
+        notes: vec![],
+    })
+}
+
+/// (e) many qpairs on one target reactor.
+pub fn qpairs(
+    common: &Common,
+    counts: &[usize],
+    total_depth: usize,
+    fabric_name: &str,
+    port: u16,
+    work_dir: &Path,
+) -> Result<Section> {
+    let (inproc, daemon, transport) = match fabric_name {
+        "inproc" => (
+            Some(InProcessTarget::start(
+                common.target_core,
+                common.pin(),
+                None,
+            )?),
+            None,
+            "soft",
+        ),
+        "tcp" => (
+            None,
+            Some(Daemon::start(common.target_core, port, work_dir)?),
+            "soft-tcp",
+        ),
+        other => bail!("--fabric {other}: inproc or tcp"),
+    };
+    let addr = match (&inproc, &daemon) {
+        (Some(t), _) => t.addr,
+        (_, Some(d)) => d.addr,
+        _ => unreachable!("one target was started"),
+    };
+    let rss = || -> Result<f64> {
+        let pid = daemon
+            .as_ref()
+            .map(|d| d.pid().to_string())
+            .unwrap_or_else(|| "self".into());
+        Ok(target::rss_kib(&pid)? as f64 / 1024.0)
+    };
+    let fabric = RdmaFabric::new(transport, None).context("host fabric")?;
+    let address = host::address(transport, addr);
+    let runtime = Runtime::start(
+        RuntimeConfig::new([common.host_core])
+            .pin(common.pin())
+            .idle_after(Duration::MAX),
+    )
+    .context("host reactor")?;
+    let mut c = Collector::default();
+    let rss_before = rss()?;
+    for _ in 0..common.runs.max(1) {
+        for &asked in counts {
+            let count = io_qpairs(asked);
+            let controllers_used = count.div_ceil(host::QUEUES_PER_CONTROLLER);
+            let active = count.min(total_depth).max(1);
+            let depth = (total_depth / active).max(1);
+            let mut controllers = host::connect(&fabric, &address, count, depth as u16)?;
+            let connected_rss = rss()?;
+            let spec = JobSpec {
+                pattern: Pattern::RandRead,
+                mix: 50,
+                io_size: 4096,
+                depth,
+                verify: false,
+            };
+            let run = host::Run::new(&mut controllers, active, spec, None)?;
+            let (report, queues) =
+                run.drive(&runtime.reactors()[0], &mut controllers, common.duration())?;
+            // Dropping a queue disconnects it (quietly, unlike `disconnect`).
+            drop(queues);
+            for mut ctrl in controllers {
+                let _ = ctrl.shutdown();
+            }
+            if !report.passed() {
+                bail!("{count} qpairs: {:?}", report.errors);
+            }
+            let case = format!(
+                "{} qpairs ({count} I/O + {controllers_used} admin), {active} x QD {depth}",
+                count + controllers_used
+            );
+            c.add(&case, "IOPS", report.total.iops);
+            c.add(&case, "avg us", report.total.avg_us);
+            c.add(&case, "RSS MiB", connected_rss);
+            c.add(
+                &case,
+                "RSS KiB per qpair",
+                (connected_rss - rss_before) * 1024.0 / (count + controllers_used) as f64,
+            );
+        }
+    }
+    runtime.stop().map_err(|e| anyhow::anyhow!("{e}"))?;
+    if let Some(t) = inproc {
+        t.stop()?;
+    }
+    if let Some(d) = daemon {
+        d.stop()?;
+    }
+    let whose = if fabric_name == "tcp" {
+        "nvmf-tgt's own RSS (separate process)"
+    } else {
+        "the whole process's RSS (target and host together: the host holds a poll group per \
+         queue)"
+    };
+    Ok(Section {
+        id: format!("qpairs-{fabric_name}"),
+        title: format!(
+            "(e) qpairs on one target reactor, total depth {total_depth}, 4 KiB randread, \
+             {fabric_name} fabric"
+        ),
+        command: command_line(),
+        rows: c.rows(),
+        notes: vec![format!(
+            "RSS: {whose}, measured with every qpair connected; per qpair = (RSS - RSS before \
+             any connection, {rss_before:.1} MiB) / qpairs. Each controller adds an admin qpair \
+             (64 I/O queues per controller); a poll group holds 1024 qpairs, so 1024 asked is \
+             1008 I/O + 16 admin."
+        )],
+    })
+}
+
+/// Qpairs one poll group holds by default (nvmf-tgt's `PollGroupConfig::max_qpairs`).
+const GROUP_QPAIRS: usize = 1024;
+
+/// I/O qpairs for `asked`, fewer when they and their controllers' admin qpairs (one per 64)
+/// would not fit one poll group: 1024 asked gives 1008 I/O + 16 admin = 1024.
+fn io_qpairs(asked: usize) -> usize {
+    let mut io = asked.max(1);
+    while io > 1 && io + io.div_ceil(host::QUEUES_PER_CONTROLLER) > GROUP_QPAIRS {
+        io -= 1;
+    }
+    io
+}
+
+/// Adds "share of wire" to the in-process rows: IOPS over the wire bound of one target core,
+/// which per 4 KiB I/O posts one 4 KiB RDMA WRITE (or takes a 4 KiB in-capsule SEND) and one
+/// response SEND: bound = 1 / (1 / write rate + 1 / send rate).
+pub fn add_wire_share(sections: &mut [Section]) {
+    let rate = |prefix: &str| -> Option<f64> {
+        sections
+            .iter()
+            .find(|s| s.id == "wire")?
+            .rows
+            .iter()
+            .find(|r| r.case.starts_with(prefix))?
+            .metrics
+            .iter()
+            .find(|m| m.name == "Mops/s")
+            .map(|m| m.median * 1e6)
+    };
+    let (Some(send), Some(write)) = (rate(WIRE_SEND), rate(WIRE_WRITE)) else {
+        return;
+    };
+    let bound = 1.0 / (1.0 / write + 1.0 / send);
+    for s in sections.iter_mut().filter(|s| s.id == "inproc") {
+        for row in &mut s.rows {
+            let Some(iops) = row.metrics.iter().find(|m| m.name == "IOPS").cloned() else {
+                continue;
+            };
+            row.metrics.retain(|m| m.name != "% of wire");
+            row.metrics.push(Metric::new(
+                "% of wire",
+                iops.runs.iter().map(|v| 100.0 * v / bound).collect(),
+            ));
+        }
+        s.notes.retain(|n| !n.starts_with("% of wire"));
+        s.notes.push(format!(
+            "% of wire: IOPS / the fabric's bound for one target core, 1 / (1 / WRITE rate + \
+             1 / SEND rate) = {:.0} IOPS from (a)'s medians.",
+            bound
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::io_qpairs;
+
+    #[test]
+    fn qpairs_fit_one_poll_group_with_their_admin_queues() {
+        assert_eq!(io_qpairs(1), 1);
+        assert_eq!(io_qpairs(64), 64);
+        assert_eq!(io_qpairs(1024), 1008);
+        let io = io_qpairs(1024);
+        assert!(io + io.div_ceil(64) <= 1024);
+    }
+}
