@@ -255,12 +255,18 @@ impl HostQueue {
     }
 
     /// Sends `sqe` (a response receive posted) without waiting for anything.
-    pub fn send_only(&mut self, mut sqe: Sqe) {
+    pub fn send_only(&mut self, sqe: Sqe) {
+        self.send_only_with(sqe, &[]);
+    }
+
+    /// As [`HostQueue::send_only`], with `in_capsule` data after the SQE.
+    pub fn send_only_with(&mut self, mut sqe: Sqe, in_capsule: &[u8]) {
         sqe.cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         self.mr.write_at(CAPSULE_AT, &sqe.to_bytes()).unwrap();
+        self.mr.write_at(CAPSULE_AT + 64, in_capsule).unwrap();
         let recv = self.mr.sge(RESPONSE_AT, 16);
-        let send = self.mr.sge(CAPSULE_AT, 64);
+        let send = self.mr.sge(CAPSULE_AT, 64 + in_capsule.len() as u32);
         self.qp
             .post_recv(&[RecvWr {
                 wr_id: 2,

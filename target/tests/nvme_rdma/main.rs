@@ -10,6 +10,7 @@ mod commands;
 mod daemon;
 mod gate;
 mod host;
+mod in_capsule;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -40,6 +41,8 @@ const BLOCK: u32 = 512;
 const BLOCKS: u64 = 2048;
 const REACTORS: usize = 2;
 const BUFFERS: u32 = 128;
+/// Receive slots per group.
+const SRQ_DEPTH: u32 = 128;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -122,7 +125,7 @@ impl Rig {
             listen: vec![addr],
         }]);
         cfg.group = PollGroupConfig {
-            srq_depth: 128,
+            srq_depth: SRQ_DEPTH,
             max_qpairs: 8,
             max_queue_depth: 32,
             in_capsule_data_size: 4096,
@@ -177,6 +180,18 @@ impl Rig {
                     .unwrap()
             })
             .sum()
+    }
+
+    /// Receive slots over the groups, by state: (posted, queued for re-posting, held).
+    fn recv_slots(&self) -> (u32, u32, u32) {
+        let tr = self.tr.as_ref().unwrap();
+        let mut total = (0, 0, 0);
+        for (_, s) in tr.each_group(|g| g.snapshot()).unwrap() {
+            total.0 += s.recv_slots.posted;
+            total.1 += s.recv_slots.queued;
+            total.2 += s.recv_slots.held;
+        }
+        total
     }
 
     /// Sum over the groups of (requests in use, free buffers, NVMe queues, pending
@@ -922,6 +937,8 @@ on_both_fabrics! {
     large_transfers_inproc, large_transfers_tcp => large_transfers;
     slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
+    in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
+    in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
     session_inproc, session_tcp => full_session;
     commands_inproc, commands_tcp => commands::commands;
     abort_outstanding_inproc, abort_outstanding_tcp => commands::abort_outstanding;
