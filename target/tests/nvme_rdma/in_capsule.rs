@@ -36,18 +36,18 @@ fn flood(io: &mut HostQueue) {
 }
 
 /// The in-capsule data (after the 64-byte SQE) of the live requests holding a capsule of
-/// 64 + 4096 bytes, over the groups.
-fn held_capsules(rig: &Rig) -> Vec<Vec<u8>> {
+/// 64 + `len` bytes, over the groups.
+fn held_capsules(rig: &Rig, len: usize) -> Vec<Vec<u8>> {
     let tr = rig.tr.as_ref().unwrap();
     let mut out = Vec::new();
     for (_, found) in tr
-        .each_group(|g| {
+        .each_group(move |g| {
             let pg = g.poll_group();
             let mut found = Vec::new();
             for qp_num in pg.qpair_nums() {
                 for req in pg.requests_of(qp_num) {
                     let capsule = pg.capsule(req);
-                    if capsule.len() == 64 + 4096 {
+                    if capsule.len() == 64 + len {
                         found.push(capsule[64..].to_vec());
                     }
                 }
@@ -75,25 +75,37 @@ fn session(rig: &Rig) -> (HostQueue, [HostQueue; 3]) {
     (admin, ios)
 }
 
-/// An in-capsule write held in the block device keeps its receive slot (and takes no data
-/// buffer) while a flood of capsules cycles through every other slot of its SRQ; the bytes
-/// the device reads at completion are still the host's; the slot goes back after.
+/// In-capsule writes held in the block device (16 at once, 512 bytes each) keep their
+/// receive slots (and take no data buffer) while a flood of capsules cycles through every
+/// other slot of their SRQ; the bytes the device reads at completion are still the host's;
+/// the slots go back after, every write answered.
 pub(crate) fn held_in_place(fabric: SoftFabric) {
+    const HELD: u32 = 16;
     let rig = Rig::new(fabric);
     let (admin, [mut io1, io2, mut io3]) = session(&rig);
     let all = SRQ_DEPTH * REACTORS as u32;
     wait_until("every slot posted", || rig.recv_slots() == (all, 0, 0));
 
     rig.gate.store(false, Ordering::Release);
-    let data = pattern(0xC3, 4096);
-    let mut write = rw(0x01, 0, 8, IN_CAPSULE);
-    write.nsid = 2;
-    io1.send_only_with(write, &data);
-    wait_until("the in-capsule write held in the block device", || {
+    let mut sent: Vec<Vec<u8>> = (0..HELD).map(|i| pattern(0xC0 + i as u8, 512)).collect();
+    for (i, data) in sent.iter().enumerate() {
+        let mut write = rw(
+            0x01,
+            i as u64,
+            1,
+            SglDescriptor::DataBlockOffset {
+                offset: 0,
+                length: 512,
+            },
+        );
+        write.nsid = 2;
+        io1.send_tracked_with(write, data);
+    }
+    wait_until("the in-capsule writes held in the block device", || {
         io1.poll_once();
-        rig.usage_full().3 == 1
+        rig.usage_full().3 == HELD as usize
     });
-    assert_eq!(rig.recv_slots(), (all - 1, 0, 1), "its slot held");
+    assert_eq!(rig.recv_slots(), (all - HELD, 0, HELD), "their slots held");
     assert_eq!(
         rig.usage().1,
         BUFFERS * REACTORS as u32,
@@ -104,19 +116,19 @@ pub(crate) fn held_in_place(fabric: SoftFabric) {
     wait_until("the flood's slots back", || rig.recv_slots().1 == 0);
     assert_eq!(
         rig.recv_slots(),
-        (all - 1, 0, 1),
+        (all - HELD, 0, HELD),
         "still held after the flood"
     );
-    assert_eq!(
-        held_capsules(&rig),
-        vec![data],
-        "the held slot still carries the write's data"
-    );
+    let mut held = held_capsules(&rig, 512);
+    held.sort();
+    sent.sort();
+    assert!(held == sent, "the held slots still carry the writes' data");
 
     rig.gate.store(true, Ordering::Release);
-    let c = io1.wait_response();
-    assert!(c.status.is_success(), "{c:?}");
-    wait_until("the slot back on the SRQ", || {
+    for c in io1.collect(HELD as usize) {
+        assert!(c.status.is_success(), "{c:?}");
+    }
+    wait_until("the slots back on the SRQ", || {
         rig.recv_slots() == (all, 0, 0)
     });
     drop((io1, io2, io3, admin));
