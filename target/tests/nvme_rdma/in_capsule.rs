@@ -8,7 +8,7 @@ use nvmf_transport::SoftFabric;
 use std::sync::atomic::Ordering;
 
 use crate::host::{HostQueue, wait_until};
-use crate::{BUFFERS, REACTORS, Rig, SRQ_DEPTH, connect, enable, pattern, rw};
+use crate::{BUFFERS, REACTORS, Rig, SRQ_DEPTH, SUBNQN, connect_sized, enable, pattern, rw};
 
 const IN_CAPSULE: SglDescriptor = SglDescriptor::DataBlockOffset {
     offset: 0,
@@ -61,15 +61,25 @@ fn held_capsules(rig: &Rig, len: usize) -> Vec<Vec<u8>> {
     out
 }
 
+/// Capsules the groups received so far.
+fn capsules_received(rig: &Rig) -> u64 {
+    let tr = rig.tr.as_ref().unwrap();
+    tr.each_group(|g| g.snapshot().counters.capsules)
+        .unwrap()
+        .into_iter()
+        .map(|(_, n)| n)
+        .sum()
+}
+
 /// Admin queue, then I/O queues 1..=3 of one controller. Placement is round robin over the
 /// two reactors: I/O queue 3 shares its poll group (and SRQ) with I/O queue 1.
-fn session(rig: &Rig) -> (HostQueue, [HostQueue; 3]) {
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+fn session(rig: &Rig, depth: u16) -> (HostQueue, [HostQueue; 3]) {
+    let mut admin = HostQueue::connect(rig.addr, 0, depth);
+    let cntlid = connect_sized(&mut admin, 0, CNTLID_DYNAMIC, SUBNQN, depth);
     enable(&mut admin);
     let ios = [1u16, 2, 3].map(|qid| {
-        let mut io = HostQueue::connect(rig.addr, qid, 32);
-        connect(&mut io, qid, cntlid);
+        let mut io = HostQueue::connect(rig.addr, qid, depth);
+        connect_sized(&mut io, qid, cntlid, SUBNQN, depth);
         io
     });
     (admin, ios)
@@ -82,7 +92,7 @@ fn session(rig: &Rig) -> (HostQueue, [HostQueue; 3]) {
 pub(crate) fn held_in_place(fabric: SoftFabric) {
     const HELD: u32 = 16;
     let rig = Rig::new(fabric);
-    let (admin, [mut io1, io2, mut io3]) = session(&rig);
+    let (admin, [mut io1, io2, mut io3]) = session(&rig, 32);
     let all = SRQ_DEPTH * REACTORS as u32;
     wait_until("every slot posted", || rig.recv_slots() == (all, 0, 0));
 
@@ -142,7 +152,7 @@ pub(crate) fn held_in_place(fabric: SoftFabric) {
 /// is done, then it goes back to the SRQ.
 pub(crate) fn qpair_gone_while_held(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let (admin, [mut io1, io2, mut io3]) = session(&rig);
+    let (admin, [mut io1, io2, mut io3]) = session(&rig, 32);
     let all = SRQ_DEPTH * REACTORS as u32;
     wait_until("every slot posted", || rig.recv_slots() == (all, 0, 0));
 
@@ -174,6 +184,91 @@ pub(crate) fn qpair_gone_while_held(fabric: SoftFabric) {
         let (reqs, _, queues, pending, _) = rig.usage_full();
         reqs == 0 && pending == 0 && queues == 3 && rig.recv_slots() == (all, 0, 0)
     });
+    drop((io1, io2, io3, admin));
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0) && rig.recv_slots() == (all, 0, 0)
+    });
+}
+
+/// The edge of the SRQ sizing rule (srq_depth = max_queue_depth): one qpair's full queue of
+/// in-capsule writes held in the block device holds every slot of its group's SRQ. Another
+/// qpair of that group is starved only until the block device completes (its command waits
+/// in the host's RNR retries), never deadlocked: the held slots wait on nothing but their
+/// own block I/O.
+pub(crate) fn srq_all_held(fabric: SoftFabric) {
+    const DEPTH: u32 = 16;
+    let rig = Rig::with_group(fabric, |g| {
+        g.srq_depth = DEPTH;
+        g.max_queue_depth = DEPTH;
+    });
+    let (admin, [mut io1, io2, mut io3]) = session(&rig, DEPTH as u16);
+    let all = DEPTH * REACTORS as u32;
+    wait_until("every slot posted", || rig.recv_slots() == (all, 0, 0));
+
+    rig.gate.store(false, Ordering::Release);
+    for i in 0..DEPTH {
+        let mut write = rw(
+            0x01,
+            u64::from(i),
+            1,
+            SglDescriptor::DataBlockOffset {
+                offset: 0,
+                length: 512,
+            },
+        );
+        write.nsid = 2;
+        io1.send_tracked_with(write, &pattern(i as u8, 512));
+    }
+    wait_until("a full queue of in-capsule writes held", || {
+        io1.poll_once();
+        rig.usage_full().3 == DEPTH as usize
+    });
+    assert_eq!(rig.recv_slots(), (all - DEPTH, 0, DEPTH), "one SRQ empty");
+
+    // io3 shares io1's group: its write finds no receive until the gate opens.
+    let capsules = capsules_received(&rig);
+    let data = pattern(0x77, 512);
+    io3.send_tracked_with(
+        rw(
+            0x01,
+            100,
+            1,
+            SglDescriptor::DataBlockOffset {
+                offset: 0,
+                length: 512,
+            },
+        ),
+        &data,
+    );
+    for _ in 0..50 {
+        io3.poll_once();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(rig.recv_slots(), (all - DEPTH, 0, DEPTH), "still starved");
+    assert_eq!(
+        capsules_received(&rig),
+        capsules,
+        "no receive for io3's write yet"
+    );
+
+    rig.gate.store(true, Ordering::Release);
+    for c in io1.collect(DEPTH as usize) {
+        assert!(c.status.is_success(), "{c:?}");
+    }
+    let c = io3.collect(1)[0];
+    assert!(
+        c.status.is_success(),
+        "the starved write went through: {c:?}"
+    );
+    io3.write_data(8192, &[0; 512]);
+    let c = io3
+        .exec(rw(0x02, 100, 1, io3.keyed(8192, 512)), &[])
+        .unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(
+        io3.read_data(8192, 512) == data,
+        "the starved write read back"
+    );
     drop((io1, io2, io3, admin));
     wait_until("everything back", || {
         rig.usage() == (0, BUFFERS * REACTORS as u32, 0) && rig.recv_slots() == (all, 0, 0)

@@ -60,6 +60,11 @@ struct Rig {
 
 impl Rig {
     fn new(fabric: SoftFabric) -> Rig {
+        Rig::with_group(fabric, |_| {})
+    }
+
+    /// A rig whose poll-group configuration `adjust` changes first.
+    fn with_group(fabric: SoftFabric, adjust: impl FnOnce(&mut PollGroupConfig)) -> Rig {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         // One address per rig, in-process and TCP rigs in separate ranges: soft devices are
         // found by address, so two live rigs must never share one (with more than 20 rigs an
@@ -134,6 +139,7 @@ impl Rig {
             max_requests: 128,
             ..PollGroupConfig::default()
         };
+        adjust(&mut cfg.group);
         let tr = RdmaTransport::start(rt.reactors(), cfg, |_| {
             NvmeHandler::new(
                 target.clone(),
@@ -252,6 +258,17 @@ pub(crate) fn connect(host: &mut HostQueue, qid: u16, cntlid: u16) -> u16 {
 }
 
 fn connect_to(host: &mut HostQueue, qid: u16, cntlid: u16, subnqn: &str) -> u16 {
+    connect_sized(host, qid, cntlid, subnqn, 32)
+}
+
+/// Connect with a queue of `depth` entries.
+pub(crate) fn connect_sized(
+    host: &mut HostQueue,
+    qid: u16,
+    cntlid: u16,
+    subnqn: &str,
+    depth: u16,
+) -> u16 {
     let data = ConnectData {
         hostid: [7; 16],
         cntlid,
@@ -261,7 +278,7 @@ fn connect_to(host: &mut HostQueue, qid: u16, cntlid: u16, subnqn: &str) -> u16 
     .to_bytes();
     host.write_data(0, &data);
     let c = host
-        .exec(connect_sqe(host, qid, 31), &[])
+        .exec(connect_sqe(host, qid, depth - 1), &[])
         .expect("connect answered");
     assert!(c.status.is_success(), "connect qid {qid}: {c:?}");
     c.dw0 as u16
@@ -939,6 +956,7 @@ on_both_fabrics! {
     discovery_inproc, discovery_tcp => discovery;
     in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
     in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
+    in_capsule_srq_inproc, in_capsule_srq_tcp => in_capsule::srq_all_held;
     session_inproc, session_tcp => full_session;
     commands_inproc, commands_tcp => commands::commands;
     abort_outstanding_inproc, abort_outstanding_tcp => commands::abort_outstanding;
