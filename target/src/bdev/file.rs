@@ -6,15 +6,17 @@
 //! - Read / Write: READV / WRITEV straight on the transport's buffers; a FUA write carries
 //!   RWF_DSYNC, so it is durable when it completes. With O_DIRECT, segments
 //!   whose address or length is not a multiple of the block size go through an aligned bounce
-//!   buffer (allocated for that I/O; the poll group's buffers are aligned, so this is the
-//!   exception, e.g. in-capsule data).
+//!   buffer (the poll group's buffers are aligned; in-capsule write data, used in place in
+//!   its receive slot 64 bytes after the SQE, is not). Bounce and compare buffers belong to
+//!   the channel's I/O slots and are reused, grown only past their largest transfer: no
+//!   allocation per I/O once warm.
 //! - Flush: FSYNC with DATASYNC, which reaches stable storage (data and the metadata needed to
 //!   read it back), also under O_DIRECT where the device may cache.
 //! - Write Zeroes / Deallocate: FALLOCATE with ZERO_RANGE / PUNCH_HOLE (KEEP_SIZE); when the
 //!   file system refuses (EOPNOTSUPP / EINVAL) the channel remembers and writes zeroes from a
 //!   zeroed buffer instead, so deallocated blocks always read back as zeroes.
-//! - Compare: reads into an aligned scratch buffer (allocated for that I/O: compare is rare)
-//!   and compares with a copy of the host's data taken at submit.
+//! - Compare: reads into an aligned scratch buffer and compares with a copy of the host's
+//!   data taken at submit.
 //!
 //! This is the one module of the crate allowed `unsafe`: pushing an SQE hands raw addresses to
 //! the kernel. What makes it sound is the lending contract of [`IoBuf`] (the memory stays alive
@@ -149,6 +151,15 @@ impl AlignedBuf {
         let raw = vec![0u8; len + DIRECT_ALIGN];
         let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
         AlignedBuf { raw, start, len }
+    }
+    /// `len` bytes of `buf`, reusing its memory when it is large enough (contents unspecified:
+    /// every user overwrites them before reading).
+    fn reuse(buf: &mut Option<AlignedBuf>, len: usize) -> &mut AlignedBuf {
+        match buf {
+            Some(b) if b.raw.len() - b.start >= len => b.len = len,
+            _ => *buf = Some(AlignedBuf::new(len)),
+        }
+        buf.as_mut().expect("just set")
     }
     fn as_slice(&self) -> &[u8] {
         &self.raw[self.start..self.start + self.len]
@@ -328,7 +339,7 @@ impl FileChannel {
         s.kind = kind;
         s.remaining = 0;
         s.status = IoStatus::Success;
-        s.scratch = None;
+        // `scratch` is kept: reused by the slot's next bounced or compared transfer.
         s.expected.clear();
         s.ranges.clear();
         s.expect_bytes = 0;
@@ -337,7 +348,6 @@ impl FileChannel {
     }
 
     fn release_slot(&mut self, index: u32) {
-        self.slots[index as usize].scratch = None;
         self.free.push(index);
         self.live -= 1;
     }
@@ -447,11 +457,10 @@ impl FileChannel {
         s.host = host;
         s.expect_bytes = bytes;
         if bounce {
-            let mut b = AlignedBuf::new(bytes);
+            let b = AlignedBuf::reuse(&mut s.scratch, bytes);
             if write {
                 data.read_at(0, b.as_mut_slice());
             }
-            s.scratch = Some(b);
             self.submit_scratch(index, bytes);
         } else {
             s.submit = host;
@@ -470,7 +479,7 @@ impl FileChannel {
         let s = &mut self.slots[index as usize];
         s.expected.resize(bytes, 0);
         data.read_at(0, &mut s.expected);
-        s.scratch = Some(AlignedBuf::new(bytes));
+        AlignedBuf::reuse(&mut s.scratch, bytes);
         self.submit_scratch(index, bytes);
         self.push_rw(index, false, self.byte_offset(lba), 0);
         self.settle(index)
@@ -762,6 +771,24 @@ mod tests {
             IoStatus::Success
         );
         assert_eq!(raw[1..], expect[..]);
+        // The slot's bounce buffer is reused: grown for a larger write, then a smaller read
+        // sees only its own bytes.
+        let mut big = vec![0u8; 2049];
+        for (i, x) in big[1..].iter_mut().enumerate() {
+            *x = (i % 251) as u8 ^ 0x5A;
+        }
+        let expect = big[1..].to_vec();
+        let write = BdevOp::Write { lba: 4, blocks: 4 };
+        assert_eq!(run(ch.as_mut(), write, &mut big[1..]), IoStatus::Success);
+        for block in 0..4 {
+            raw.fill(0);
+            let read = BdevOp::Read {
+                lba: 4 + block as u64,
+                blocks: 1,
+            };
+            assert_eq!(run(ch.as_mut(), read, &mut raw[1..513]), IoStatus::Success);
+            assert_eq!(raw[1..513], expect[block * 512..(block + 1) * 512]);
+        }
     }
 
     #[test]

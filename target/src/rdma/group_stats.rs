@@ -35,8 +35,8 @@ pub struct RecvSlots {
     pub posted: u32,
     /// Back from a capsule, waiting to be re-posted at the end of a poll.
     pub queued: u32,
-    /// Holding a capsule: its request has not released it yet, or it waits for a request
-    /// object. With no qpair left this must be 0 (else slots leaked).
+    /// Holding a capsule: its request has not released it yet (an in-capsule write keeps it
+    /// until its block I/O is done), or it waits for a request object. With no qpair left this must be 0 (else slots leaked).
     pub held: u32,
 }
 

@@ -5,10 +5,19 @@
 //! completions (tag -> request), and the registered memory the 16-byte responses are sent
 //! from. It drives each request through [`CommandState`] (see `command.rs`).
 //!
-//! In-capsule data is copied from the receive slot into the request's data buffers: the slot
-//! goes back to the SRQ as soon as the capsule is parsed and the poll group lends capsule
-//! bytes read-only, while block I/O may hold its data past that (an asynchronous device
-//! writes from it after `submit` returns).
+//! In-capsule write data is used in place, as SPDK does: the command executes straight from
+//! its receive slot (no data buffer, no copy) and the slot stays the request's, off the SRQ,
+//! until its block I/O is done: it goes back when the response is built (the device finished
+//! with the data) or when the request is finished (an orphan whose qpair went, once its block
+//! I/O completes). An asynchronous device (io_uring) reads the slot after `submit` returns,
+//! so nothing may re-post it earlier. Other commands give their slot back once parsed.
+//!
+//! Slots so held are bounded: each belongs to a command the host has outstanding (at most
+//! its queue depth per qpair, and at most `max_requests` request objects per group), exactly
+//! as a capsule waiting for a request object holds its slot; no slot waits on anything but
+//! its own block I/O, so a slow device delays receives but cannot deadlock them. Size
+//! `srq_depth` for the queues expected to be full at once (at least `max_queue_depth`, which
+//! the configuration checks).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -203,6 +212,11 @@ impl NvmeHandler {
             self.execute(pg, req);
             return;
         }
+        if in_capsule_write(&plan).is_some() {
+            // Executed from the receive slot: no buffer; the slot is released with the answer.
+            self.execute(pg, req);
+            return;
+        }
         Self::enter(pg, req, CommandState::NeedBuffer);
         match pg.alloc_buffers(req, plan.length) {
             Ok(BufferGrant::Ready) => self.have_buffers(pg, req),
@@ -237,16 +251,6 @@ impl NvmeHandler {
             return;
         };
         match (plan.direction, plan.placement) {
-            (Direction::HostToController, Placement::InCapsule { offset, length }) => {
-                let at = SQE_SIZE + offset as usize;
-                let copied = pg.capsule_to_buffers(req, at, length as usize);
-                pg.release_capsule(req);
-                if copied != length as usize {
-                    self.fail(pg, req, INTERNAL_ERROR);
-                    return;
-                }
-                self.execute(pg, req);
-            }
             (Direction::HostToController, Placement::Keyed { list, count }) => {
                 pg.release_capsule(req);
                 Self::enter(pg, req, CommandState::ReadingData);
@@ -346,7 +350,18 @@ impl NvmeHandler {
         let Some(r) = pg.request(req) else {
             return;
         };
-        let (sqe, length) = (r.user.sqe, r.user.plan.map_or(0, |p| p.length));
+        let (sqe, plan) = (r.user.sqe, r.user.plan);
+        let length = plan.map_or(0, |p| p.length);
+        // In-capsule write data: bytes `at..end` of the capsule, used in place.
+        let in_capsule = plan.as_ref().and_then(in_capsule_write);
+        if let Some((_, end)) = in_capsule {
+            if pg.capsule(req).len() < end {
+                // The receive was shorter than the SGL says: the host broke the protocol.
+                pg.release_capsule(req);
+                self.fail(pg, req, INTERNAL_ERROR);
+                return;
+            }
+        }
         Self::enter(pg, req, CommandState::Executing);
         let Some(slot) = Self::queue_of(pg, req).and_then(|k| self.queues.get_mut(k)) else {
             Self::finish(pg, req);
@@ -361,10 +376,16 @@ impl NvmeHandler {
         let tag = entry.key();
         let exec = {
             let mut segs: [&mut [u8]; MAX_REQUEST_BUFFERS] = Default::default();
-            let n = if length > 0 {
-                pg.buffers_mut(req, &mut segs)
-            } else {
-                0
+            let n = match in_capsule {
+                Some((at, end)) => match pg.capsule_mut(req).get_mut(at..end) {
+                    Some(data) => {
+                        segs[0] = data;
+                        1
+                    }
+                    None => 0,
+                },
+                None if length > 0 => pg.buffers_mut(req, &mut segs),
+                None => 0,
             };
             let mut data = IoBuf::new(&mut segs[..n]);
             data.truncate(length as usize);
@@ -392,6 +413,9 @@ impl NvmeHandler {
             return;
         };
         let qp_num = r.qp_num();
+        // The block device is done with the command's data: an in-capsule write's receive
+        // slot goes back to the SRQ now (no-op for any other command).
+        pg.release_capsule(req);
         if self.responses.is_none() {
             let len = pg.config().max_requests as usize * RESPONSE_SIZE;
             match pg.pd().alloc_mr(len, Access::LOCAL_WRITE) {
@@ -558,6 +582,18 @@ impl NvmeHandler {
         }
         slot.disconnecting = true;
         self.disconnects.push(slot.qp_num);
+    }
+}
+
+/// The capsule byte range (from, to) of `plan`'s data when it is host-to-controller data
+/// carried in the capsule (an SGL offset descriptor), used in place.
+fn in_capsule_write(plan: &Plan) -> Option<(usize, usize)> {
+    match (plan.direction, plan.placement) {
+        (Direction::HostToController, Placement::InCapsule { offset, length }) => {
+            let at = SQE_SIZE + offset as usize;
+            Some((at, at + length as usize))
+        }
+        _ => None,
     }
 }
 

@@ -255,12 +255,18 @@ impl HostQueue {
     }
 
     /// Sends `sqe` (a response receive posted) without waiting for anything.
-    pub fn send_only(&mut self, mut sqe: Sqe) {
+    pub fn send_only(&mut self, sqe: Sqe) {
+        self.send_only_with(sqe, &[]);
+    }
+
+    /// As [`HostQueue::send_only`], with `in_capsule` data after the SQE.
+    pub fn send_only_with(&mut self, mut sqe: Sqe, in_capsule: &[u8]) {
         sqe.cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         self.mr.write_at(CAPSULE_AT, &sqe.to_bytes()).unwrap();
+        self.mr.write_at(CAPSULE_AT + 64, in_capsule).unwrap();
         let recv = self.mr.sge(RESPONSE_AT, 16);
-        let send = self.mr.sge(CAPSULE_AT, 64);
+        let send = self.mr.sge(CAPSULE_AT, 64 + in_capsule.len() as u32);
         self.qp
             .post_recv(&[RecvWr {
                 wr_id: 2,
@@ -299,6 +305,38 @@ impl HostQueue {
                 wr_id: 300,
                 op: SendOp::Send,
                 sges: &[self.mr.sge(at, 64)],
+                flags: SendFlags::SIGNALED,
+            }])
+            .unwrap();
+        sqe.cid
+    }
+
+    /// As [`HostQueue::send_tracked`], with up to 960 bytes of `in_capsule` data after the SQE
+    /// (capsule slot `n % 16` is 1 KiB of the capsule area here).
+    pub fn send_tracked_with(&mut self, mut sqe: Sqe, in_capsule: &[u8]) -> u16 {
+        assert!(
+            in_capsule.len() <= 960,
+            "a tracked capsule holds 960 data bytes"
+        );
+        sqe.cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        let slot = self.tracked % 16;
+        self.tracked = self.tracked.wrapping_add(1);
+        let at = CAPSULE_AT + slot * 1024;
+        self.mr.write_at(at, &sqe.to_bytes()).unwrap();
+        self.mr.write_at(at + 64, in_capsule).unwrap();
+        let recv = self.mr.sge(RESPONSE_AT + slot * 16, 16);
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: 100 + slot as u64,
+                sges: &[recv],
+            }])
+            .unwrap();
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 300,
+                op: SendOp::Send,
+                sges: &[self.mr.sge(at, 64 + in_capsule.len() as u32)],
                 flags: SendFlags::SIGNALED,
             }])
             .unwrap();

@@ -10,6 +10,7 @@ mod commands;
 mod daemon;
 mod gate;
 mod host;
+mod in_capsule;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -40,6 +41,8 @@ const BLOCK: u32 = 512;
 const BLOCKS: u64 = 2048;
 const REACTORS: usize = 2;
 const BUFFERS: u32 = 128;
+/// Receive slots per group.
+const SRQ_DEPTH: u32 = 128;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -57,6 +60,11 @@ struct Rig {
 
 impl Rig {
     fn new(fabric: SoftFabric) -> Rig {
+        Rig::with_group(fabric, |_| {})
+    }
+
+    /// A rig whose poll-group configuration `adjust` changes first.
+    fn with_group(fabric: SoftFabric, adjust: impl FnOnce(&mut PollGroupConfig)) -> Rig {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         // One address per rig, in-process and TCP rigs in separate ranges: soft devices are
         // found by address, so two live rigs must never share one (with more than 20 rigs an
@@ -122,7 +130,7 @@ impl Rig {
             listen: vec![addr],
         }]);
         cfg.group = PollGroupConfig {
-            srq_depth: 128,
+            srq_depth: SRQ_DEPTH,
             max_qpairs: 8,
             max_queue_depth: 32,
             in_capsule_data_size: 4096,
@@ -131,6 +139,7 @@ impl Rig {
             max_requests: 128,
             ..PollGroupConfig::default()
         };
+        adjust(&mut cfg.group);
         let tr = RdmaTransport::start(rt.reactors(), cfg, |_| {
             NvmeHandler::new(
                 target.clone(),
@@ -177,6 +186,18 @@ impl Rig {
                     .unwrap()
             })
             .sum()
+    }
+
+    /// Receive slots over the groups, by state: (posted, queued for re-posting, held).
+    fn recv_slots(&self) -> (u32, u32, u32) {
+        let tr = self.tr.as_ref().unwrap();
+        let mut total = (0, 0, 0);
+        for (_, s) in tr.each_group(|g| g.snapshot()).unwrap() {
+            total.0 += s.recv_slots.posted;
+            total.1 += s.recv_slots.queued;
+            total.2 += s.recv_slots.held;
+        }
+        total
     }
 
     /// Sum over the groups of (requests in use, free buffers, NVMe queues, pending
@@ -237,6 +258,17 @@ pub(crate) fn connect(host: &mut HostQueue, qid: u16, cntlid: u16) -> u16 {
 }
 
 fn connect_to(host: &mut HostQueue, qid: u16, cntlid: u16, subnqn: &str) -> u16 {
+    connect_sized(host, qid, cntlid, subnqn, 32)
+}
+
+/// Connect with a queue of `depth` entries.
+pub(crate) fn connect_sized(
+    host: &mut HostQueue,
+    qid: u16,
+    cntlid: u16,
+    subnqn: &str,
+    depth: u16,
+) -> u16 {
     let data = ConnectData {
         hostid: [7; 16],
         cntlid,
@@ -246,7 +278,7 @@ fn connect_to(host: &mut HostQueue, qid: u16, cntlid: u16, subnqn: &str) -> u16 
     .to_bytes();
     host.write_data(0, &data);
     let c = host
-        .exec(connect_sqe(host, qid, 31), &[])
+        .exec(connect_sqe(host, qid, depth - 1), &[])
         .expect("connect answered");
     assert!(c.status.is_success(), "connect qid {qid}: {c:?}");
     c.dw0 as u16
@@ -922,6 +954,9 @@ on_both_fabrics! {
     large_transfers_inproc, large_transfers_tcp => large_transfers;
     slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
+    in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
+    in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
+    in_capsule_srq_inproc, in_capsule_srq_tcp => in_capsule::srq_all_held;
     session_inproc, session_tcp => full_session;
     commands_inproc, commands_tcp => commands::commands;
     abort_outstanding_inproc, abort_outstanding_tcp => commands::abort_outstanding;

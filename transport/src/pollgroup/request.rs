@@ -202,6 +202,20 @@ impl<R> PollGroup<R> {
         }
     }
 
+    /// The capsule bytes of `req`, writable, for lending its in-capsule data to block I/O in
+    /// place (no copy, no data buffer). Empty once released, or while a chain of `req` is in
+    /// flight. The slot stays `req`'s (Held, off the SRQ) until `release_capsule` or `finish`:
+    /// a caller whose block I/O completes asynchronously calls neither before it has.
+    pub fn capsule_mut(&mut self, req: ReqId) -> &mut [u8] {
+        match self.request(req) {
+            Some(r) if r.slot != NO_SLOT && !r.chain_in_flight() => {
+                let slot = r.slot;
+                self.recv.bytes_mut(slot)
+            }
+            _ => &mut [],
+        }
+    }
+
     /// Done with the capsule bytes: the slot goes back to the SRQ at the end of this poll.
     pub fn release_capsule(&mut self, req: ReqId) {
         let Some(r) = self.request_mut(req) else {
