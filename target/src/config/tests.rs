@@ -52,6 +52,16 @@ fn good_config_parses() {
     assert_eq!(*c.transport.in_capsule_data_size.get_ref(), 4096);
     assert_eq!(*c.bdevs[0].block_size.get_ref(), 512);
     assert!(!c.subsystems[0].allow_any_host);
+    assert_eq!(c.reactors.idle_after(), nvmf_poller::DEFAULT_IDLE_AFTER);
+    let busy = GOOD.replacen("cores = [0, 1]", "cores = [0, 1]\nbusy_poll = true", 1);
+    let busy = Config::parse(&busy, "busy.toml").unwrap();
+    assert_eq!(busy.reactors.idle_after(), std::time::Duration::MAX);
+    let idle = GOOD.replacen("cores = [0, 1]", "cores = [0, 1]\nidle_after_us = 50", 1);
+    let idle = Config::parse(&idle, "idle.toml").unwrap();
+    assert_eq!(
+        idle.reactors.idle_after(),
+        std::time::Duration::from_micros(50)
+    );
 }
 
 /// Replace the first occurrence of `from` in GOOD with `to`.
@@ -91,6 +101,19 @@ fn broken_configs_name_file_line_and_key() {
             broken("cores = [0, 1]", "cores = [0, 0]"),
             "bad.toml:2: reactors.cores",
             "listed twice",
+        ),
+        (
+            broken(
+                "cores = [0, 1]",
+                "cores = [0, 1]\nbusy_poll = true\nidle_after_us = 50",
+            ),
+            "bad.toml:4: reactors.idle_after_us",
+            "no effect with busy_poll",
+        ),
+        (
+            broken("cores = [0, 1]", "cores = [0, 1]\nbusy_pol = true"),
+            "bad.toml:3: reactors.busy_pol",
+            "unknown field",
         ),
         (
             broken("cores = [0, 1]", "cores = []"),

@@ -64,6 +64,13 @@ fn reactors(config: &Config, r: &mut Report<'_>) {
             "at least one core is needed",
         );
     }
+    if let (true, Some(idle)) = (config.reactors.busy_poll, &config.reactors.idle_after_us) {
+        r.at(
+            idle.span(),
+            "reactors.idle_after_us",
+            "has no effect with busy_poll = true (a busy-polling reactor never sleeps)",
+        );
+    }
     let mut seen = HashSet::new();
     for c in cores.get_ref() {
         if !seen.insert(*c) {

@@ -169,8 +169,12 @@ pub fn run(config: &Config) -> Result<()> {
     }
     let cores = config.reactors.cores.get_ref().clone();
     let shutdown = Duration::from_millis(config.daemon.shutdown_timeout_ms);
-    let runtime = Runtime::start(RuntimeConfig::new(cores).drain_timeout(shutdown))
-        .context("starting reactors")?;
+    let runtime = Runtime::start(
+        RuntimeConfig::new(cores)
+            .drain_timeout(shutdown)
+            .idle_after(config.reactors.idle_after()),
+    )
+    .context("starting reactors")?;
     let io: Vec<ReactorIo> = runtime
         .reactors()
         .iter()
