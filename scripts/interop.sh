@@ -13,12 +13,18 @@
 #   kernel-target  nvmf discover/identify and nvmf-perf --verify against nvmet-rdma
 #   faults         nvmf-perf killed, nvme disconnect and nvmf-tgt SIGTERM under load
 #   all            every suite above
+#   bench          not in `all` (about 15 min): the Linux host + fio against nvmf-tgt (release
+#                  build) and against nvmet-rdma, alternated, in one boot; the table ours / kernel
+#                  in build/lab/results/bench.md and bench.json
 # A suite whose binary does not exist yet reports its checks as skipped, never as passed.
-# Env: SMP (guest CPUs, 2), MEM (guest memory, 3G), LIMIT_<suite> (seconds; '-' as '_').
+# Env: SMP (guest CPUs, 2), MEM (guest memory, 3G), LIMIT_<suite> (seconds; '-' as '_');
+#      bench: BENCH_REPS (rounds of A B, 3), BENCH_RUNTIME (seconds per fio job, 20),
+#      BENCH_TGT_CPU (guest CPU of nvmf-tgt, 1; fio is on CPU 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 ALL=(verbs kernel-peers kernel-host kernel-target faults)
+EXTRA=(bench)   # run only when named: too long for CI's budget
 say() { printf '[interop] %s\n' "$*"; }
 die() { printf '[interop] ERROR: %s\n' "$*" >&2; exit 2; }
 
@@ -26,13 +32,13 @@ want=()
 for a in "${@:-all}"; do
   case $a in
     all) want+=("${ALL[@]}");;
-    verbs|kernel-peers|kernel-host|kernel-target|faults) want+=("$a");;
+    verbs|kernel-peers|kernel-host|kernel-target|faults|bench) want+=("$a");;
     -h|--help) sed -n '2,/^set -eu/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0;;
-    *) die "unknown suite '$a' (suites: ${ALL[*]} all)";;
+    *) die "unknown suite '$a' (suites: ${ALL[*]} all ${EXTRA[*]})";;
   esac
 done
 SUITES=()   # in the canonical order, once each
-for s in "${ALL[@]}"; do case " ${want[*]} " in *" $s "*) SUITES+=("$s");; esac; done
+for s in "${ALL[@]}" "${EXTRA[@]}"; do case " ${want[*]} " in *" $s "*) SUITES+=("$s");; esac; done
 needs() { local s; for s in "${SUITES[@]}"; do case " $* " in *" $s "*) return 0;; esac; done; return 1; }
 case "$ROOT" in /tmp/*|/run/*|/dev/*|/proc/*|/sys/*)
   die "the guest mounts its own /tmp and /run: clone nvmf-rs elsewhere (it is at $ROOT)";; esac
@@ -62,7 +68,7 @@ fi
 daemons=()
 needs kernel-host faults && daemons+=(nvmf-tgt)
 needs kernel-target faults && daemons+=(nvmf nvmf-perf)
-if [ ${#daemons[@]} -gt 0 ]; then
+if [ ${#daemons[@]} -gt 0 ] || needs bench; then
   in_workspace=$(cargo metadata --no-deps --format-version 1 | jq -r '.packages[].targets[] | select(.kind | index("bin")) | .name')
   build=()
   for b in "${daemons[@]}"; do
@@ -72,6 +78,12 @@ if [ ${#daemons[@]} -gt 0 ]; then
   if [ ${#build[@]} -gt 0 ]; then
     say "building ${build[*]//--bin /}"
     cargo build "${build[@]}" --message-format=json-render-diagnostics | artifacts >> "$OUT/artifacts"
+  fi
+  # The bench suite measures: it runs an optimised nvmf-tgt, never the debug build the others use.
+  if needs bench && grep -qx nvmf-tgt <<< "$in_workspace"; then
+    say "building nvmf-tgt (release) for the bench suite"
+    cargo build --release --bin nvmf-tgt --message-format=json-render-diagnostics |
+      artifacts | sed 's/^bin nvmf-tgt /bin nvmf-tgt-release /' >> "$OUT/artifacts"
   fi
 fi
 # The guest sources this (tests/lab/guest-suites.sh); an empty path means "not built".
@@ -83,7 +95,9 @@ fi
   echo "TGT_BIN=$(exe bin nvmf-tgt false)"
   echo "NVMF_BIN=$(exe bin nvmf false)"
   echo "PERF_BIN=$(exe bin nvmf-perf false)"
-  for s in "${ALL[@]}"; do v=LIMIT_${s//-/_}; [ -n "${!v:-}" ] && echo "$v=${!v}"; done
+  echo "TGT_RELEASE_BIN=$(exe bin nvmf-tgt-release false)"
+  for s in "${ALL[@]}" "${EXTRA[@]}"; do v=LIMIT_${s//-/_}; [ -n "${!v:-}" ] && echo "$v=${!v}"; done
+  for v in BENCH_REPS BENCH_RUNTIME BENCH_TGT_CPU; do [ -n "${!v:-}" ] && echo "$v=${!v}"; done
 } > "$OUT/bins.env"
 if needs verbs; then
   grep -E '^(RDMA|TRANSPORT_LIB_TEST|CONFORMANCE|POLLGROUP)_BIN=$' "$OUT/bins.env" &&
@@ -92,10 +106,14 @@ fi
 T_BUILD=$(date +%s)
 
 # ---- one guest boot for every suite ----
+# bench: per round and target, 3 fio jobs (runtime + 2 s ramp + ~20 s of fio start-up and
+# accounting under TCG) and ~90 s of connect, fill and teardown; then a margin.
+bench_limit() { echo $(( ${BENCH_REPS:-3} * 2 * (3 * (${BENCH_RUNTIME:-20} + 22) + 90) + 300 )); }
+[ -z "${LIMIT_bench:-}" ] && needs bench && echo "LIMIT_bench=$(bench_limit)" >> "$OUT/bins.env"
 limit=300   # boot, rxe set-up, power-off
 for s in "${SUITES[@]}"; do
   v=LIMIT_${s//-/_}
-  case $s in verbs) d=1500;; kernel-host|faults) d=900;; *) d=600;; esac
+  case $s in verbs) d=1500;; kernel-host|faults) d=900;; bench) d=$(bench_limit);; *) d=600;; esac
   limit=$((limit + ${!v:-$d}))
 done
 say "booting the guest (SMP ${SMP:-2}, MEM ${MEM:-3G}, limit ${limit}s); logs in $OUT/results"

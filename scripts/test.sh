@@ -16,6 +16,9 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 step "cargo test --workspace"
 mkdir -p build
 cargo test --workspace 2>&1 | tee build/test-output.log
+step "separate processes: nvmf-tgt killed and restarted under nvmf-perf (scripts/process-e2e.sh)"
+# Counted below with the rest (it is also among the workspace run's skipped: #[ignore]d there).
+bash scripts/process-e2e.sh 2>&1 | tee -a build/test-output.log
 # A plain closing line that counts every test binary's results together.
 awk '/^test result:/ { p += $4; f += $6; i += $8 }
      END { printf "\ntests: %d passed, %d failed, %d skipped\n", p, f, i }' build/test-output.log

@@ -117,8 +117,8 @@ pub enum ConnectError {
 /// - In-capsule data goes out in the same SEND as the SQE (a second SGE over the region needs
 ///   no copy); SGL1 then already says "data block, offset 0, length n".
 /// - Over a CQ shared by several queues (the host poll group), polling one queue may reap
-///   completions of others: keep them for their queue (a per-qpair lock-free ring, no lock on
-///   the fast path), never drop them.
+///   completions of others: keep them for their queue, never drop them (the RDMA glue keeps
+///   them in each queue's side of the group).
 pub trait HostQueue: Send {
     /// Queue id (0 = admin).
     fn qid(&self) -> u16;

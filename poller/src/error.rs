@@ -55,6 +55,15 @@ pub enum PollerError {
         reactor: usize,
     },
 
+    /// A bounded call got no answer in time (the reactor is busy in one pass or hung).
+    #[error("reactor {reactor} did not answer within {waited:?}")]
+    NoAnswer {
+        /// Reactor index.
+        reactor: usize,
+        /// How long the caller waited.
+        waited: std::time::Duration,
+    },
+
     /// A blocking call was made from the reactor's own thread, which would wait forever.
     #[error("blocking call to reactor {reactor} from its own thread would deadlock")]
     WouldDeadlock {

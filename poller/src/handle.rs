@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering, fence};
 use std::thread::{self, ThreadId};
+use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
@@ -110,6 +111,34 @@ impl ReactorHandle {
         // If the reactor exits before running the message, the message (and `tx`) is dropped.
         rx.recv().map_err(|_| PollerError::ReactorStopped {
             reactor: self.shared.id,
+        })
+    }
+
+    /// Like [`call`](Self::call), but gives up after `timeout` with [`PollerError::NoAnswer`]:
+    /// for callers that must stay responsive (a daemon's signal loop asking for statistics).
+    /// `f` may still run later; its result is then dropped.
+    pub fn call_timeout<R, F>(&self, timeout: Duration, f: F) -> Result<R, PollerError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Reactor) -> R + Send + 'static,
+    {
+        if self.is_current_thread() {
+            return Err(PollerError::WouldDeadlock {
+                reactor: self.shared.id,
+            });
+        }
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.send(move |r| {
+            let _ = tx.send(f(r));
+        })?;
+        rx.recv_timeout(timeout).map_err(|e| match e {
+            crossbeam_channel::RecvTimeoutError::Timeout => PollerError::NoAnswer {
+                reactor: self.shared.id,
+                waited: timeout,
+            },
+            crossbeam_channel::RecvTimeoutError::Disconnected => PollerError::ReactorStopped {
+                reactor: self.shared.id,
+            },
         })
     }
 

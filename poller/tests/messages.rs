@@ -185,6 +185,27 @@ fn blocking_call_from_the_reactor_itself_is_refused() {
     rt.stop().expect("stop");
 }
 
+/// A bounded call to a reactor stuck in one message gives up with `NoAnswer` instead of
+/// blocking its caller; once the reactor is free again, plain calls work.
+#[test]
+fn bounded_call_to_a_stuck_reactor_gives_up() {
+    let rt = Runtime::start(cfg(&[0])).expect("start");
+    let h = &rt.reactors()[0];
+    let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(1);
+    h.send(move |_| {
+        let _ = release_rx.recv_timeout(PATIENCE);
+    })
+    .expect("send");
+    let res = h.call_timeout(Duration::from_millis(50), |r| r.id());
+    assert!(
+        matches!(res, Err(PollerError::NoAnswer { reactor: 0, .. })),
+        "{res:?}"
+    );
+    release_tx.send(()).expect("release");
+    assert_eq!(h.call_timeout(PATIENCE, |r| r.id()).expect("answer"), 0);
+    rt.stop().expect("stop");
+}
+
 /// Many senders against a reactor that sleeps whenever it finds nothing to do (idle_after = 0):
 /// every message must run, and promptly — a lost wake-up would leave one stuck.
 #[test]

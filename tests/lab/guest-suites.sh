@@ -15,7 +15,8 @@ set -a; . "$ENVFILE"; set +a
 export RESULTS=/results
 # Time limits (s) per suite: generous for a loaded 2-core host under TCG; overridable from lab.env.
 declare -A LIMIT=([verbs]=${LIMIT_verbs:-1500} [kernel-peers]=${LIMIT_kernel_peers:-600}
-  [kernel-host]=${LIMIT_kernel_host:-900} [kernel-target]=${LIMIT_kernel_target:-600} [faults]=${LIMIT_faults:-900})
+  [kernel-host]=${LIMIT_kernel_host:-900} [kernel-target]=${LIMIT_kernel_target:-600} [faults]=${LIMIT_faults:-900}
+  [bench]=${LIMIT_bench:-1800})
 
 step "network: $NETDEV $IP mtu $MTU (inside the guest only), Soft-RoCE rxe0"
 setup_net > /results/setup.log 2>&1 && setup_rxe >> /results/setup.log 2>&1; rc=$?

@@ -54,6 +54,29 @@ tgt_listening() {   # fails at once (2) when the daemon has exited
   alive "$TGT" || { echo "nvmf-tgt exited"; return 2; }
   listening "$IP:$PORT"
 }
+# nvmf-tgt's own view, from its statistics file ([daemon] stats_file in nvmf-tgt.toml; fields in
+# configs/README.md): SIGUSR1 makes it write a snapshot collected after the signal, which
+# counts it in .signals.
+TGT_STATS=/tmp/nvmf-tgt-stats.json
+stats_signals() { jq -r '.signals // 0' "$TGT_STATS" 2>/dev/null || echo 0; }
+tgt_stats() {   # SIGUSR1, then waits for the snapshot taken after it; fails (2) when none comes
+  local before; before=$(stats_signals)
+  kill -USR1 "$TGT" 2>/dev/null || { echo "nvmf-tgt is not running"; return 2; }
+  wait_for 10 eval '[ "$(stats_signals)" -gt '"$before"' ]' || { echo "$TGT_STATS not rewritten after SIGUSR1"; return 2; }
+}
+tgt_settled() {   # tgt_settled N: a fresh snapshot shows N qpairs in all and no receive slot held
+  tgt_stats || return
+  jq -e --argjson n "$1" '.qpairs == $n and .recv_slots_held == 0' "$TGT_STATS" > /dev/null
+}
+tgt_holds() {   # tgt_holds N: nvmf-tgt settles on N qpairs with every receive slot back (within 30 s)
+  wait_for 30 tgt_settled "$1"; local rc=$?
+  jq '{sequence, signals, qpairs, recv_slots_held, groups: [.reactors[].groups[] | {device_name, qpairs,
+      recv_slots, requests, errors: (.counters | {recv_slot_errors, stale_completions, kind_mismatches, overruns})}]}' \
+    "$TGT_STATS"
+  [ $rc -eq 0 ] || echo "nvmf-tgt's statistics never showed $1 qpair(s) with no receive slot held"
+  return $rc
+}
+tgt_idle() { tgt_holds 0; }   # no qpair left, every receive slot back
 tgt_down() {   # SIGTERM: the daemon must drain and exit 0 within 30 s
   local rc
   kill -TERM "$TGT" || return
@@ -134,8 +157,9 @@ no_connections_left() {   # no RC QP on rxe0 and no connected CM id: the listene
 }
 
 # The Linux host against whichever target serves $NQN now (nvmet_up allowlist, or tgt_up).
+# kernel_host_checks WHO [IDLE]: IDLE, when given, checks the target's own view that no qpair is left.
 kernel_host_checks() {
-  local who=$1
+  local who=$1 idle=${2:-}
   check "nvme discover: $who reports $NQN over rdma at $IP:$PORT" discover
   check "nvme connect as $HOST_NQN to $who" host_connect
   check "nvme id-ctrl / id-ns: subnqn $NQN, 256 MiB in 512 B blocks" identify
@@ -143,6 +167,7 @@ kernel_host_checks() {
   check "mkfs.ext4 + mount: a file reads back intact after remount" fs_roundtrip
   check "nvme disconnect: controller and block device gone" host_disconnect
   check "no qpair left after disconnect (rdma res)" no_connections_left
+  [ -z "$idle" ] || check "no qpair left after disconnect ($who's statistics: 0 qpairs, 0 receive slots held)" "$idle"
   check "allow-list: $INTRUDER_NQN refused with Connect Invalid Host" refused
   check "no qpair left after the refusal" no_connections_left
 }

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Suite `faults` (guest): nvmf-tgt under abuse over rxe0, with the Linux host as the bystander
 # that must keep being served: nvmf-perf killed mid-run, `nvme disconnect` under fio load,
-# nvmf-tgt SIGTERM under load. After each: no qpair leaked (rdma res), the target still serves.
+# nvmf-tgt SIGTERM under load. After each: no qpair leaked (rdma res, and after the kill nvmf-tgt's
+# own statistics: only the bystander's qpairs, every receive slot back), the target still serves.
 SUITE=faults
 . "$(dirname "$0")/guest-lib.sh"
 . "$(dirname "$0")/suite-lib.sh"
@@ -37,6 +38,13 @@ perf_killed() {   # nvmf-perf killed -9 with I/O in flight: the target drops its
   kill -KILL "$PERF"; wait "$PERF"
   wait_for 30 eval '[ "$(user_qps)" -eq '"$base"' ]' || { echo "target still holds $(($(user_qps) - base)) of nvmf-perf's qpairs"; rdma res show qp; return 1; }
 }
+host_qps() { rdma res show qp | grep ' type RC ' | grep -vc ' pid ' || true; }   # the kernel host's QPs
+slots_back() {   # nvmf-tgt's own statistics: as many qpairs as the Linux host holds, no receive slot held
+  local n; n=$(host_qps)
+  echo "the Linux host (the bystander) holds $n RC QPs; processes hold $(user_qps)"
+  [ "$n" -gt 0 ] || { echo "the bystander holds no qpair"; rdma res show qp; return 1; }
+  tgt_holds "$n"
+}
 disconnect_under_load() { start_load disconnect && host_disconnect && load_ends 60 disconnect; }
 sigterm_under_load() { start_load sigterm && tgt_down; }
 host_gives_up() {   # with the target gone the host ends the load, drops the controller, holds nothing
@@ -55,7 +63,7 @@ check "Linux host connected (the bystander)" host_connect "${HOST_OPTS[@]}"
 [ -z "$SKIP_REASON" ] && [ ! -x "$PERF_BIN" ] && { echo "nvmf-perf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf-perf binary"; }
 check "nvmf-perf killed mid-run: the target frees exactly its qpairs" perf_killed
 SKIP_REASON=; [ -x "$TGT_BIN" ] || SKIP_REASON="no nvmf-tgt binary"
-skip "SRQ slots all back after the kill (needs nvmf-tgt's statistics; not specified yet)"
+check "SRQ slots all back after the kill: nvmf-tgt holds only the bystander's qpairs" slots_back
 check "the bystander host is still served: fio write + verify" fio_verify "$DEV"
 
 check "nvme disconnect under fio load: returns, the load ends" disconnect_under_load

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Suite `kernel-host` (guest): the Linux host (nvme-cli + nvme-rdma) against nvmf-tgt over rxe0:
 # discovery, connect, identify, verified I/O, a filesystem, disconnect, the host allow-list, and
-# no qpair left behind; then nvmf-tgt stops cleanly on SIGTERM. Same checks as kernel-peers.
+# no qpair left behind (by rdma res and by nvmf-tgt's own statistics); then nvmf-tgt stops cleanly on SIGTERM. Same checks as kernel-peers.
 SUITE=kernel-host
 . "$(dirname "$0")/guest-lib.sh"
 . "$(dirname "$0")/suite-lib.sh"
@@ -11,6 +11,6 @@ trap 'nvme disconnect -n "$NQN" >/dev/null 2>&1; [ -n "$TGT" ] && kill -KILL $TG
 [ -x "$TGT_BIN" ] || { echo "nvmf-tgt is not built (not in the workspace yet): every check skipped"
                        SKIP_REASON="no nvmf-tgt binary"; }
 check "nvmf-tgt --config tests/lab/nvmf-tgt.toml listens on $IP:$PORT" tgt_up &&
-  kernel_host_checks nvmf-tgt
+  kernel_host_checks nvmf-tgt tgt_idle
 check "nvmf-tgt exits 0 on SIGTERM" tgt_down
 finish

@@ -168,7 +168,8 @@ fn host_and_target_move_verified_data(
 
     // nvmf-perf's engine: verified random read/write on two host reactors.
     let mut controller =
-        Controller::connect(fabric, address, options, Arc::new(SystemClock)).expect("again");
+        Controller::connect(fabric.spread(2), address, options, Arc::new(SystemClock))
+            .expect("again");
     let cfg = RunConfig {
         spec: JobSpec {
             pattern: Pattern::RandRw,

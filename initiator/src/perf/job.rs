@@ -145,6 +145,19 @@ impl<Q: HostQueue> Job<Q> {
         &self.result
     }
 
+    /// After the controller reconnected: the job goes on over `queue`. Whatever was still in
+    /// flight on the old one is failed first (lost with the connection). The target may have
+    /// restarted and lost what was not flushed (a volatile cache, a malloc namespace), so every
+    /// block's generation becomes unknown: reads still check the LBA tags, and each block is
+    /// fully checked again once this run writes it anew.
+    pub fn replace_queue(&mut self, queue: IoQueue<Q>) {
+        self.queue.disconnect("replaced after a reconnect");
+        self.step();
+        self.in_flight.clear();
+        self.generations.fill(0);
+        self.queue = queue;
+    }
+
     /// Give the results (and the queue) back.
     pub fn finish(self) -> (JobResult, IoQueue<Q>) {
         (self.result, self.queue)
@@ -197,7 +210,12 @@ impl<Q: HostQueue> Job<Q> {
                         // The write may or may not have landed: only the LBA is known now.
                         generations[unit] = 0;
                     }
-                    result.record_error(format!("{} LBA {lba}: {e}", c.kind.name()));
+                    let message = format!("{} LBA {lba}: {e}", c.kind.name());
+                    if matches!(e, crate::Error::ConnectionLost(_)) {
+                        result.record_lost(message);
+                    } else {
+                        result.record_error(message);
+                    }
                 }
             }
         });
@@ -242,6 +260,8 @@ impl<Q: HostQueue> Job<Q> {
             };
             match submitted {
                 Ok(()) => self.in_flight.push((unit, generation)),
+                // Not an I/O: the job waits for a fresh queue (`replace_queue`) or the end.
+                Err(crate::Error::ConnectionLost(_)) => return,
                 Err(e) => {
                     self.result.record_error(format!("submit LBA {lba}: {e}"));
                     return;

@@ -10,6 +10,8 @@ use super::verify::Mismatch;
 
 /// Mismatches kept per job (the first ones tell the story).
 pub const MAX_MISMATCHES: usize = 16;
+/// Messages kept per job of I/O lost with the connection.
+pub const MAX_LOST_MESSAGES: u64 = 4;
 
 /// What one job measured.
 #[derive(Debug, Clone)]
@@ -24,6 +26,8 @@ pub struct JobResult {
     pub bytes: u64,
     /// Failed I/O.
     pub errors: u64,
+    /// I/O failed because the connection was lost (the reconnect policy decides what next).
+    pub lost: u64,
     /// First error messages.
     pub error_messages: Vec<String>,
     /// Verify failures.
@@ -43,6 +47,7 @@ impl JobResult {
             writes: 0,
             bytes: 0,
             errors: 0,
+            lost: 0,
             error_messages: Vec::new(),
             verify_failures: 0,
             mismatches: Vec::new(),
@@ -71,6 +76,15 @@ impl JobResult {
         }
     }
 
+    /// Record an I/O lost with the connection (its first messages are kept with the errors').
+    pub fn record_lost(&mut self, message: String) {
+        self.lost += 1;
+        // A few tell the story; the rest of the list stays for real errors.
+        if self.lost <= MAX_LOST_MESSAGES && self.error_messages.len() < MAX_MISMATCHES {
+            self.error_messages.push(message);
+        }
+    }
+
     /// Record a verify mismatch.
     pub fn record_mismatch(&mut self, m: Mismatch) {
         self.verify_failures += 1;
@@ -84,6 +98,7 @@ impl JobResult {
         self.writes += other.writes;
         self.bytes += other.bytes;
         self.errors += other.errors;
+        self.lost += other.lost;
         self.verify_failures += other.verify_failures;
         for m in &other.error_messages {
             if self.error_messages.len() < MAX_MISMATCHES {
@@ -135,6 +150,8 @@ pub struct Summary {
     pub p999_us: f64,
     /// Failed I/O.
     pub errors: u64,
+    /// I/O lost with the connection.
+    pub lost: u64,
     /// Verify failures.
     pub verify_failures: u64,
 }
@@ -158,6 +175,7 @@ fn summarize(name: String, r: &JobResult, seconds: f64) -> Summary {
         p99_us: us(h.value_at_quantile(0.99)),
         p999_us: us(h.value_at_quantile(0.999)),
         errors: r.errors,
+        lost: r.lost,
         verify_failures: r.verify_failures,
     }
 }
@@ -175,6 +193,12 @@ pub struct Report {
     pub mismatches: Vec<Mismatch>,
     /// First error messages.
     pub errors: Vec<String>,
+    /// Reconnects of the controller during the run.
+    pub reconnects: u32,
+    /// I/O completed after the last reconnect (0 without one).
+    pub ios_after_reconnect: u64,
+    /// The controller was connected when the run ended.
+    pub connected_at_end: bool,
 }
 
 impl Report {
@@ -202,12 +226,16 @@ impl Report {
             total: summarize("Total".into(), &total, seconds),
             mismatches: total.mismatches.clone(),
             errors: total.error_messages.clone(),
+            reconnects: 0,
+            ios_after_reconnect: 0,
+            connected_at_end: true,
         }
     }
 
-    /// True when nothing failed.
+    /// True when nothing failed: no I/O error, no verify failure, and the controller connected
+    /// at the end (I/O lost with a connection that came back is counted, not a failure).
     pub fn passed(&self) -> bool {
-        self.total.errors == 0 && self.total.verify_failures == 0
+        self.total.errors == 0 && self.total.verify_failures == 0 && self.connected_at_end
     }
 
     /// The table (latencies in microseconds).
@@ -243,6 +271,13 @@ impl Report {
             "errors: {}  verify failures: {}  run time: {:.2} s\n",
             self.total.errors, self.total.verify_failures, self.seconds
         ));
+        if self.total.lost > 0 || self.reconnects > 0 || !self.connected_at_end {
+            s.push_str(&format!(
+                "lost with the connection: {}  reconnects: {}  I/O after the last reconnect: {}  \
+                 connected at the end: {}\n",
+                self.total.lost, self.reconnects, self.ios_after_reconnect, self.connected_at_end
+            ));
+        }
         for m in &self.mismatches {
             s.push_str(&format!("{m}\n"));
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nvmf_poller::{Arm, PollStatus, Poller, PollerId, ReactorCtx, Runtime, RuntimeConfig, WakeFds};
 
-use crate::controller::Controller;
+use crate::controller::{Controller, ControllerState};
 use crate::error::{Error, Result};
 use crate::io::NsTarget;
 use crate::queue::{Fabric, HostQueue};
@@ -126,6 +126,7 @@ where
             controller.io_queue_count()
         )));
     }
+    let jobs = plan.len();
     let progress = Arc::new(Progress::default());
     let mut per_reactor: Vec<Vec<Job<F::Queue>>> =
         (0..cfg.cores.len().max(1)).map(|_| Vec::new()).collect();
@@ -136,6 +137,8 @@ where
             .wrapping_add(i as u64)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let job = Job::new(queue, ns, first, blocks, cfg.spec, seed, progress.clone())?;
+        // Queue index i (QID i + 1) goes to reactor i % n: `RdmaFabric::spread` placed it in
+        // that reactor's host poll group.
         let slot = i % per_reactor.len();
         per_reactor[slot].push(job);
     }
@@ -160,13 +163,28 @@ where
     }
     let deadline = start + cfg.duration;
     let mut last = (start, 0u64, 0u64);
+    let mut reconnects = controller.reconnects();
+    let mut ios_at_reconnect = None;
+    let mut failed = None;
     loop {
         let now = Instant::now();
         if now >= deadline {
             break;
         }
         std::thread::sleep((deadline - now).min(Duration::from_millis(50)));
-        controller.poll();
+        // Keep-alive, loss and reconnect per the controller's policy.
+        match controller.poll().clone() {
+            ControllerState::Failed(why) => {
+                failed = Some(why);
+                break;
+            }
+            ControllerState::Live if controller.reconnects() > reconnects => {
+                reconnects = controller.reconnects();
+                hand_fresh_queues(controller, &runtime, &ids, jobs)?;
+                ios_at_reconnect = Some(progress.ios.load(Ordering::Relaxed));
+            }
+            _ => {}
+        }
         if let Some(every) = cfg.progress_every {
             let now = Instant::now();
             if now - last.0 >= every {
@@ -224,5 +242,48 @@ where
         }
     }
     runtime.stop().map_err(poller_error)?;
-    Ok(Report::build(&results, elapsed))
+    if let Some(why) = failed {
+        return Err(Error::ControllerFailed(why));
+    }
+    let mut report = Report::build(&results, elapsed);
+    report.reconnects = controller.reconnects();
+    report.connected_at_end = *controller.state() == ControllerState::Live;
+    report.ios_after_reconnect = ios_at_reconnect.map_or(0, |at| {
+        progress.ios.load(Ordering::Relaxed).saturating_sub(at)
+    });
+    Ok(report)
+}
+
+/// After a reconnect: the controller's fresh I/O queues go to the jobs on their reactors (job
+/// i runs on reactor i % n, at place i / n there), which go on over them.
+fn hand_fresh_queues<F: Fabric>(
+    controller: &mut Controller<F>,
+    runtime: &Runtime,
+    ids: &[(usize, PollerId)],
+    jobs: usize,
+) -> Result<()>
+where
+    F::Queue: 'static,
+{
+    let reactors = runtime.reactors().len().max(1);
+    for i in 0..jobs {
+        let queue = controller.take_io_queue(i)?;
+        let r = i % reactors;
+        let Some(&(_, id)) = ids.iter().find(|(reactor, _)| *reactor == r) else {
+            continue;
+        };
+        let place = i / reactors;
+        runtime.reactors()[r]
+            .call(move |reactor| {
+                if let Some(job) = reactor
+                    .poller_mut::<JobPoller<F::Queue>>(id)
+                    .and_then(|p| p.jobs.get_mut(place))
+                {
+                    job.replace_queue(queue);
+                }
+            })
+            .map_err(poller_error)?;
+    }
+    tracing::info!(jobs, "jobs go on over the reconnected controller's queues");
+    Ok(())
 }

@@ -151,7 +151,12 @@ fn dropped_connection_ends_the_job_with_errors_not_a_hang() {
     let (target, mut c) = controller(1);
     target.drop_after(50);
     let r = run_job(&mut c, spec(Pattern::RandRead, false), 200);
-    assert!(r.errors > 0);
+    assert!(r.lost > 0, "I/O in flight fail with the connection");
+    assert_eq!(
+        r.errors, 0,
+        "lost I/O are counted apart: {:?}",
+        r.error_messages
+    );
     assert!(
         r.error_messages[0].contains("connection lost"),
         "{:?}",
@@ -190,4 +195,68 @@ fn a_short_run_on_two_reactors_reports_every_namespace() {
     assert!(report.total.ios > 0);
     assert!(report.passed(), "{}", report.to_text());
     assert!(lines >= 1);
+}
+
+#[test]
+fn a_run_goes_on_over_fresh_queues_after_a_reconnect() {
+    let config = LoopbackConfig {
+        namespaces: vec![NamespaceConfig {
+            blocks: 2048,
+            block_shift: 9,
+        }],
+        ..LoopbackConfig::default()
+    };
+    let (target, c, _) = attach(config, |o| {
+        o.io_queues = 2;
+        o.reconnect = ReconnectPolicy {
+            reconnect_delay: Duration::ZERO,
+            ctrl_loss_timeout: None,
+            fast_io_fail: None,
+        };
+    });
+    let mut c = c.unwrap();
+    // Every connection drops once the target has seen this many commands.
+    target.drop_after(400);
+    let cfg = RunConfig {
+        spec: spec(Pattern::RandRw, true),
+        duration: Duration::from_millis(800),
+        cores: vec![0, 1],
+        pin: false,
+        qpairs_per_namespace: 2,
+        nsids: Vec::new(),
+        seed: 3,
+        progress_every: None,
+    };
+    let report = run(&mut c, &cfg, |_| {}).unwrap();
+    assert!(report.reconnects >= 1, "{}", report.to_text());
+    assert!(report.total.lost > 0, "{}", report.to_text());
+    assert!(report.ios_after_reconnect > 0, "{}", report.to_text());
+    assert!(report.connected_at_end);
+    assert!(report.passed(), "{}", report.to_text());
+}
+
+#[test]
+fn a_controller_given_up_ends_the_run_with_its_reason() {
+    let (target, c, _) = attach(LoopbackConfig::default(), |o| {
+        o.io_queues = 1;
+        o.reconnect = ReconnectPolicy::never();
+    });
+    let mut c = c.unwrap();
+    target.drop_after(100);
+    let cfg = RunConfig {
+        spec: spec(Pattern::RandRead, false),
+        duration: Duration::from_secs(5),
+        cores: vec![0],
+        pin: false,
+        qpairs_per_namespace: 1,
+        nsids: Vec::new(),
+        seed: 1,
+        progress_every: None,
+    };
+    match run(&mut c, &cfg, |_| {}) {
+        Err(crate::Error::ControllerFailed(why)) => {
+            assert!(why.contains("reconnect disabled"), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -7,27 +7,30 @@
 //! process); `soft` = the soft device in process (the target's listener lives in this same
 //! process, as in tests).
 //!
-//! Per-I/O keys (`bind_window`): `windows.rs`, a pool of memory windows per queue, where the
-//! device has them.
-//!
-//! Today each queue has its own poll group (one CQ, one qpair): a queue is then the unit a
-//! reactor owns, with no completions of other queues to keep. Sharing one group per reactor
-//! across queues is the next step (the trait contract allows it).
+//! - `group.rs`: the host poll group one reactor's queues share (one CQ, request objects,
+//!   receive slots), which group a queue joins, how groups are sized;
+//! - `side.rs`: one queue's state inside its group (commands by CID, CQEs reaped for it);
+//! - `queue.rs`: [`RdmaQueue`], the `HostQueue` over a qpair of a group;
+//! - `windows.rs`: per-I/O keys (`bind_window`), a pool of memory windows per queue, where the
+//!   device has them.
 
+mod group;
 mod queue;
+mod side;
 mod windows;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use nvmf_protocol::cm::{RdmaAccept, RdmaConnectRequest, RdmaReject};
-use nvmf_transport::pollgroup::{PollGroup, PollGroupConfig, RecvMode};
 use nvmf_transport::{
     Access, CmChannel, CmEventKind, ConnParam, Context, DeviceSpec, ProviderKind, SoftConfig,
     SoftFabric,
 };
 
+pub use group::{HostGroupConfig, HostGroupInfo, QueueHome};
 pub use queue::RdmaQueue;
 
 use crate::queue::{ConnectError, Fabric, QueueConnectParams, TransportAddress};
@@ -38,12 +41,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The transport names this module serves.
 pub const TRANSPORTS: [&str; 3] = ["rdma", "soft", "soft-tcp"];
 
-/// Connects queues over RDMA (see the module documentation). Clones share the device.
+/// Connects queues over RDMA (see the module documentation). Clones share the device and the
+/// host poll groups.
 #[derive(Clone)]
 pub struct RdmaFabric {
     kind: ProviderKind,
     /// The soft TCP device this fabric opened (kept open while any clone lives).
     _device: Option<Context>,
+    groups: Arc<group::Registry>,
+    group_config: HostGroupConfig,
+    /// Reactors the I/O queues are spread over (0: one group for every queue).
+    reactors: usize,
 }
 
 impl std::fmt::Debug for RdmaFabric {
@@ -60,14 +68,8 @@ impl RdmaFabric {
     pub fn new(name: &str, local: Option<Ipv4Addr>) -> Result<RdmaFabric, ConnectError> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         match name {
-            "rdma" => Ok(RdmaFabric {
-                kind: ProviderKind::Verbs,
-                _device: None,
-            }),
-            "soft" => Ok(RdmaFabric {
-                kind: ProviderKind::Soft,
-                _device: None,
-            }),
+            "rdma" => Ok(RdmaFabric::with(ProviderKind::Verbs, None)),
+            "soft" => Ok(RdmaFabric::with(ProviderKind::Soft, None)),
             "soft-tcp" => {
                 let n = NEXT.fetch_add(1, Ordering::Relaxed);
                 let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
@@ -77,14 +79,49 @@ impl RdmaFabric {
                     ..SoftConfig::default()
                 }))
                 .map_err(|e| ConnectError::Resources(format!("soft TCP device: {e}")))?;
-                Ok(RdmaFabric {
-                    kind: ProviderKind::Soft,
-                    _device: Some(ctx),
-                })
+                Ok(RdmaFabric::with(ProviderKind::Soft, Some(ctx)))
             }
             other => Err(ConnectError::Unreachable(format!(
                 "transport '{other}' is not one of {TRANSPORTS:?}"
             ))),
+        }
+    }
+
+    fn with(kind: ProviderKind, device: Option<Context>) -> RdmaFabric {
+        RdmaFabric {
+            kind,
+            _device: device,
+            groups: Arc::default(),
+            group_config: HostGroupConfig::default(),
+            reactors: 0,
+        }
+    }
+
+    /// Spread queues over `reactors` host poll groups: admin queues join the control thread's
+    /// group ([`QueueHome::Control`]), I/O queue `qid` joins reactor `(qid - 1) % reactors`'s,
+    /// the split [`crate::perf::runner`] uses when it moves I/O queues to its reactors. With 0
+    /// (the default) every queue joins one group, for a single-threaded user.
+    pub fn spread(mut self, reactors: usize) -> RdmaFabric {
+        self.reactors = reactors;
+        self
+    }
+
+    /// Size of the host poll groups made from now on (see [`HostGroupConfig`]).
+    pub fn group_config(mut self, config: HostGroupConfig) -> RdmaFabric {
+        self.group_config = config;
+        self
+    }
+
+    /// The live host poll groups of this fabric and its clones.
+    pub fn host_groups(&self) -> Vec<HostGroupInfo> {
+        self.groups.info()
+    }
+
+    fn home(&self, qid: u16) -> QueueHome {
+        match (self.reactors, qid) {
+            (0, _) => QueueHome::Reactor(0),
+            (_, 0) => QueueHome::Control,
+            (n, q) => QueueHome::Reactor(usize::from(q - 1) % n),
         }
     }
 }
@@ -117,70 +154,90 @@ impl Fabric for RdmaFabric {
             .resolve(addr, None, CONNECT_TIMEOUT, u64::from(params.qid))
             .map_err(|e| ConnectError::Unreachable(format!("resolve {addr}: {e}")))?;
         let ctx = id.context().map_err(resources("device"))?;
-        // HSQSIZE is 0's based; the host never has more commands out than it can take answers.
-        let depth = u32::from(params.hsqsize) + 1;
-        let recvs = u32::from(params.hrqsize).max(depth);
-        let capsule = 64 + params.in_capsule_data.next_multiple_of(16) as u32;
-        let cfg = PollGroupConfig {
-            srq_depth: recvs,
-            max_qpairs: 1,
-            max_queue_depth: depth,
-            // Host receive slots take 16-byte responses only.
-            in_capsule_data_size: 0,
-            io_unit_size: capsule,
-            data_buffers: depth,
-            max_requests: depth,
-            ..PollGroupConfig::default()
-        };
-        let mut pg = PollGroup::new_host(&ctx, cfg, RecvMode::PerQpair { recvs })
+        let home = self.home(params.qid);
+        let group = self
+            .groups
+            .group(&ctx, home, self.group_config)
             .map_err(resources("host poll group"))?;
+        let mut g = group::lock(&group);
+        // HSQSIZE is 0's based; the host never has more commands out than it can take answers.
+        let wanted = (u32::from(params.hsqsize) + 1).min(u32::from(params.hrqsize).max(1));
+        let depth = g.depth_for(wanted);
+        if depth < wanted {
+            tracing::info!(
+                qid = params.qid,
+                wanted,
+                depth,
+                "queue depth cut to the host poll group's max_queue_depth"
+            );
+        }
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         // MW_BIND lets per-I/O windows cover the region; a device without windows may refuse
         // the flag, so the region is registered without it then.
         let len = params.data_region_len.max(64);
-        let mr = match pg.pd().alloc_mr(len, access | Access::MW_BIND) {
+        let mr = match g.pg.pd().alloc_mr(len, access | Access::MW_BIND) {
             Ok(mr) => mr,
-            Err(_) => pg
-                .pd()
-                .alloc_mr(len, access)
-                .map_err(resources("data region"))?,
+            Err(_) => {
+                g.pg.pd()
+                    .alloc_mr(len, access)
+                    .map_err(resources("data region"))?
+            }
         };
-        let mut side = queue::Side {
-            mr,
-            host: vec![0; params.data_region_len],
-            by_cid: std::collections::HashMap::with_capacity(depth as usize * 2),
-            done: std::collections::VecDeque::with_capacity(depth as usize),
-            lost: None,
-            active: false,
-            qid: params.qid,
-            windows: None,
-        };
+        let token = g.join(side::Side::new(params.qid, depth as usize), depth)?;
         // The host issues no RDMA READs (initiator depth 0; the group wants a read depth of at
         // least 1); the target READs host memory.
-        let qp_num = pg
-            .add_cm_qpair(id, depth, 1, u64::from(params.qid))
-            .map_err(|e| ConnectError::Resources(format!("host qpair: {e:?}")))?;
+        let qp_num = match g.pg.add_cm_qpair(id, depth, 1, token) {
+            Ok(q) => q,
+            Err(e) => {
+                g.leave(token);
+                return Err(ConnectError::Resources(format!("host qpair: {e:?}")));
+            }
+        };
+        let Some(handle) = g.pg.qpair_handle(qp_num) else {
+            g.leave(token);
+            return Err(ConnectError::Resources("qpair vanished".into()));
+        };
+        drop(g);
+        // From here on dropping the queue tears the qpair down and leaves the group.
+        let mut queue = RdmaQueue {
+            group,
+            token,
+            mr,
+            host: vec![0; params.data_region_len],
+            qid: params.qid,
+            channel,
+            qp_num,
+            handle,
+            depth: depth as u16,
+            in_capsule_limit: params.in_capsule_data,
+            disconnected: false,
+            lost: None,
+            seen_polls: 0,
+            idle_polls: 0,
+        };
         let private_data = RdmaConnectRequest {
             recfmt: 0,
             qid: params.qid,
-            hrqsize: params.hrqsize,
-            hsqsize: params.hsqsize,
+            hrqsize: depth as u16,
+            hsqsize: (depth - 1) as u16,
             cntlid: params.cntlid,
         }
         .to_bytes()
         .to_vec();
-        pg.connect(
-            qp_num,
-            &ConnParam {
-                private_data,
-                responder_resources: 16,
-                initiator_depth: 0,
-                retry_count: 7,
-                rnr_retry_count: 7,
-            },
-        )
-        .map_err(|e| ConnectError::Unreachable(format!("connect {addr}: {e}")))?;
-        let event = channel
+        let param = ConnParam {
+            private_data,
+            responder_resources: 16,
+            initiator_depth: 0,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        };
+        group::lock(&queue.group)
+            .pg
+            .connect(qp_num, &param)
+            .map_err(|e| ConnectError::Unreachable(format!("connect {addr}: {e}")))?;
+        // Waiting for the CM answer without the group's lock: the group's other queues go on.
+        let event = queue
+            .channel
             .wait_event(CONNECT_TIMEOUT)
             .map_err(|e| ConnectError::Unreachable(format!("{addr}: {e}")))?;
         let crqsize = match &event.kind {
@@ -203,26 +260,18 @@ impl Fabric for RdmaFabric {
             }
             other => return Err(ConnectError::Unreachable(format!("{addr}: {other:?}"))),
         };
-        pg.handle_cm_event(&mut side, qp_num, &event.kind);
-        if !side.active {
+        let mut g = group::lock(&queue.group);
+        let group::HostGroup { pg, router, .. } = &mut *g;
+        pg.handle_cm_event(router, qp_num, &event.kind);
+        let side = router.side(token);
+        if !side.as_ref().is_some_and(|s| s.active) {
+            let why = side.and_then(|s| s.lost.clone());
             return Err(ConnectError::Resources(format!(
-                "qpair did not become active: {:?}",
-                side.lost
+                "qpair did not become active: {why:?}"
             )));
         }
-        let handle = pg
-            .qpair_handle(qp_num)
-            .ok_or_else(|| ConnectError::Resources("qpair vanished".into()))?;
-        Ok(RdmaQueue {
-            pg,
-            side,
-            channel,
-            qp_num,
-            handle,
-            depth: (crqsize as u32).clamp(1, depth) as u16,
-            in_capsule_limit: params.in_capsule_data,
-            disconnected: false,
-            idle_polls: 0,
-        })
+        drop(g);
+        queue.depth = (u32::from(crqsize)).clamp(1, depth) as u16;
+        Ok(queue)
     }
 }

@@ -1,186 +1,59 @@
-//! One NVMe-oF queue over RDMA: a qpair on its own host poll group, its registered data
-//! region, and the matching of responses to commands by CID.
+//! One NVMe-oF queue over RDMA: a qpair on its reactor's shared host poll group
+//! ([`super::group`]), its registered data region, and the matching of responses to commands
+//! by CID (in its [`Side`] of the group).
 //!
-//! Life of a command: `submit` takes a request object (`PollGroup::submit`), writes the SQE and
-//! any in-capsule data into its send buffer, posts the SEND, and files the request under its
-//! CID. A response (`Handler::response`) is matched by CID and handed to the group
-//! (`response_received`); the group calls `request_complete` once the SEND completed too, and
-//! only then is the CQE queued for `poll`. A qpair that drains (peer disconnect, error,
-//! flush) makes the queue lost: `poll` and `submit` report `Disconnected` from then on and
-//! queued CQEs are dropped with the connection (the initiator fails what was in flight).
+//! Life of a command: `submit` takes a request object (`PollGroup::submit`), writes the SQE
+//! into its 64-byte buffer, posts the SEND (any in-capsule data as a second SGE over the
+//! region), and files the request under its CID. A response is routed by the group to this
+//! queue's side, matched by CID and handed to the group (`response_received`); the group
+//! calls `request_complete` once the SEND completed too, and only then is the CQE queued for
+//! `poll`. A qpair that drains (peer disconnect, error, flush) makes this queue lost, and only
+//! this one: `poll` and `submit` report `Disconnected` from then on and queued CQEs are
+//! dropped with the connection (the initiator fails what was in flight).
+//!
+//! Polling: a queue polls the group's CQ only when no other queue did since its own last poll,
+//! so a reactor going over its queues polls the CQ once per pass; what a poll reaps for other
+//! queues waits in their sides.
 //!
 //! Host memory: the initiator works on a plain host copy of the region (`host`); the
 //! registered region (`mr`) is what the target reads and writes. A command naming a range of
 //! the region by keyed SGL copies that range host -> registered at submit and registered ->
-//! host when it completes (`Mr::write_at` / `read_at`: race-free copies, no `unsafe`). The
-//! target touches only the ranges of commands in flight, and the initiator leaves those alone
-//! until their CQE, so both copies agree. A borrow of the registered memory itself would let
-//! safe code alias bytes the peer writes concurrently; the copy is the price of keeping this
-//! crate free of `unsafe`.
+//! host when its CQE is taken (`Mr::write_at` / `read_at`: race-free copies, no `unsafe`).
+//! The target touches only the ranges of commands in flight, and the initiator leaves those
+//! alone until their CQE, so both copies agree. A borrow of the registered memory itself would
+//! let safe code alias bytes the peer writes concurrently; the copy is the price of keeping
+//! this crate free of `unsafe`.
 
-use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 use nvmf_protocol::{Cqe, SglDescriptor, Sqe};
-use nvmf_transport::pollgroup::WrKind;
-use nvmf_transport::pollgroup::{
-    BufferGrant, ChainWr, Handler, PollGroup, QpairEvent, QpairHandle, ReqId,
-};
-use nvmf_transport::{Access, CmChannel, CmEventKind, Mr, SendOp, Sge, TransportError, WcStatus};
+use nvmf_transport::pollgroup::{BufferGrant, ChainWr, QpairHandle};
+use nvmf_transport::{Access, CmChannel, CmEventKind, Mr, SendOp, Sge, TransportError};
 
+use super::group::{HostGroup, lock};
+use super::side::{HostCommand, Side};
 use super::windows::{Posting, Windows};
 use crate::queue::{DataRegion, HostQueue, QueueError};
 
-/// What the queue remembers about one command in flight (the poll group's per-request state).
-#[derive(Debug, Default, Clone)]
-pub(super) struct HostCommand {
-    /// Region bytes the target may write for this command (copied back at completion; None
-    /// for commands that only send data).
-    pub(super) data: Option<Range<usize>>,
-    /// The response, once it arrived (reported when the SEND completed too).
-    pub(super) cqe: Option<Cqe>,
-    /// The memory window the command's data goes through (per-I/O keys).
-    pub(super) window: Option<usize>,
-}
-
-/// The handler side of the queue: what poll-group callbacks update.
-pub(super) struct Side {
-    pub(super) mr: Mr,
-    pub(super) host: Vec<u8>,
-    /// Commands in flight by CID.
-    pub(super) by_cid: HashMap<u16, ReqId>,
-    /// Finished commands not yet handed to the caller.
-    pub(super) done: VecDeque<Cqe>,
-    /// Why the connection is gone, once it is.
-    pub(super) lost: Option<String>,
-    /// Set by the qpair's `Active` event.
-    pub(super) active: bool,
-    pub(super) qid: u16,
-    /// Memory windows for per-I/O keys: made at the first `bind_window`; None inside when the
-    /// device has none.
-    pub(super) windows: Option<Option<Windows>>,
-}
-
-impl Side {
-    fn lose(&mut self, why: String) {
-        if self.lost.is_none() {
-            tracing::debug!(qid = self.qid, %why, "queue lost");
-            self.lost = Some(why);
-        }
-        // Nothing is reported after the loss: the initiator fails every command in flight.
-        self.done.clear();
-    }
-}
-
-impl Handler<HostCommand> for Side {
-    fn capsule(&mut self, _: &mut PollGroup<HostCommand>, req: ReqId) {
-        tracing::warn!(?req, "a host group made a request from a capsule");
-    }
-    fn chain_done(
-        &mut self,
-        _: &mut PollGroup<HostCommand>,
-        req: ReqId,
-        _: WrKind,
-        status: WcStatus,
-    ) {
-        tracing::warn!(
-            ?req,
-            ?status,
-            "unexpected chain completion on a host request"
-        );
-    }
-    fn qpair_event(&mut self, _: &mut PollGroup<HostCommand>, _: u32, _: u64, ev: QpairEvent) {
-        match ev {
-            QpairEvent::Active => self.active = true,
-            QpairEvent::Draining(reason) => self.lose(format!("qpair draining: {reason:?}")),
-            other => self.lose(format!("qpair {other:?}")),
-        }
-    }
-    fn aborted(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId) {
-        // The qpair is gone; the target can no longer touch the region for this command.
-        pg.finish(req);
-    }
-    fn buffers_ready(&mut self, _: &mut PollGroup<HostCommand>, _: ReqId) {}
-
-    fn response(&mut self, pg: &mut PollGroup<HostCommand>, qp_num: u32, capsule: &[u8]) {
-        let cqe = match Cqe::decode(capsule) {
-            Ok(c) => c,
-            Err(e) => {
-                self.lose(format!("qpair {qp_num:#x}: malformed response: {e}"));
-                return;
-            }
-        };
-        let Some(&req) = self.by_cid.get(&cqe.cid) else {
-            // A response for no command in flight (duplicate or stale): a broken target.
-            tracing::warn!(
-                qid = self.qid,
-                cid = cqe.cid,
-                "response for no command in flight"
-            );
-            return;
-        };
-        let invalidated = pg.response_invalidated_rkey();
-        if let Some(r) = pg.request_mut(req) {
-            if r.user.cqe.is_some() {
-                tracing::warn!(
-                    qid = self.qid,
-                    cid = cqe.cid,
-                    "second response for a command"
-                );
-                return;
-            }
-            r.user.cqe = Some(cqe);
-            // The target is done with the window once it answers.
-            if let (Some(w), Some(Some(windows))) = (r.user.window.take(), self.windows.as_mut()) {
-                windows.answered(w, invalidated);
-            }
-        }
-        if let Err(e) = pg.response_received(req) {
-            tracing::warn!(qid = self.qid, cid = cqe.cid, %e, "response_received");
-        }
-    }
-
-    fn request_complete(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId, status: WcStatus) {
-        let command = pg
-            .request_mut(req)
-            .map(|r| std::mem::take(&mut r.user))
-            .unwrap_or_default();
-        pg.finish(req);
-        if status != WcStatus::Success {
-            self.lose(format!("command SEND failed: {status:?}"));
-            return;
-        }
-        let Some(cqe) = command.cqe else {
-            self.lose("request completed without a response".into());
-            return;
-        };
-        self.by_cid.remove(&cqe.cid);
-        if let Some(range) = command.data {
-            if let Err(e) = self.mr.read_at(range.start, &mut self.host[range]) {
-                self.lose(format!("copy from the registered region: {e}"));
-                return;
-            }
-        }
-        if self.lost.is_none() {
-            self.done.push_back(cqe);
-        }
-    }
-
-    fn group_failed(&mut self, _: &mut PollGroup<HostCommand>, error: &str) {
-        self.lose(format!("poll group failed: {error}"));
-    }
-}
-
 /// A connected queue over RDMA (see the module documentation).
 pub struct RdmaQueue {
-    pub(super) pg: PollGroup<HostCommand>,
-    pub(super) side: Side,
+    pub(super) group: Arc<Mutex<HostGroup>>,
+    /// This queue's token in the group's router.
+    pub(super) token: u64,
+    pub(super) mr: Mr,
+    pub(super) host: Vec<u8>,
+    pub(super) qid: u16,
     pub(super) channel: CmChannel,
     pub(super) qp_num: u32,
     pub(super) handle: QpairHandle,
     pub(super) depth: u16,
     pub(super) in_capsule_limit: usize,
     pub(super) disconnected: bool,
+    /// Mirror of the side's loss (for `is_connected`, which cannot lock).
+    pub(super) lost: Option<String>,
+    /// The group's poll count when this queue last looked.
+    pub(super) seen_polls: u64,
     /// Polls that found nothing (paces the CM channel checks).
     pub(super) idle_polls: u32,
 }
@@ -188,26 +61,37 @@ pub struct RdmaQueue {
 /// Idle polls between two looks at the CM channel.
 const CM_CHECK_EVERY: u32 = 64;
 
-// The poll group and CM channel are driven by one thread at a time (the owning reactor); the
-// queue moves between threads only whole.
+// The CM channel is driven by one thread at a time (the owning reactor); the group is behind
+// its mutex; the queue moves between threads only whole.
 const _: () = {
     const fn send<T: Send>() {}
     send::<RdmaQueue>();
 };
 
 impl RdmaQueue {
+    /// The side's loss, mirrored here; Err once lost.
+    fn check_side(&mut self, side: Option<&Side>) -> Result<(), QueueError> {
+        if self.lost.is_none() {
+            self.lost = match side {
+                Some(s) => s.lost.clone(),
+                None => Some("left the poll group".into()),
+            };
+        }
+        self.check()
+    }
+
     fn check(&self) -> Result<(), QueueError> {
-        match &self.side.lost {
+        match &self.lost {
             Some(why) => Err(QueueError::Disconnected(format!(
                 "queue {}: {why}",
-                self.side.qid
+                self.qid
             ))),
             None => Ok(()),
         }
     }
 
     /// CM events for this queue's connection (peer disconnect).
-    fn cm_events(&mut self) {
+    fn cm_events(&mut self, g: &mut HostGroup) {
         loop {
             match self.channel.poll_event() {
                 Ok(Some(ev)) => {
@@ -215,14 +99,17 @@ impl RdmaQueue {
                         ev.kind,
                         CmEventKind::Disconnected | CmEventKind::DeviceRemoval
                     ) {
-                        self.side.lose(format!("{:?}", ev.kind));
+                        if let Some(side) = g.router.side(self.token) {
+                            side.lose(format!("{:?}", ev.kind));
+                        }
                     }
-                    self.pg
-                        .handle_cm_event(&mut self.side, self.qp_num, &ev.kind);
+                    g.pg.handle_cm_event(&mut g.router, self.qp_num, &ev.kind);
                 }
                 Ok(None) => return,
                 Err(e) => {
-                    self.side.lose(format!("CM channel: {e}"));
+                    if let Some(side) = g.router.side(self.token) {
+                        side.lose(format!("CM channel: {e}"));
+                    }
                     return;
                 }
             }
@@ -230,7 +117,7 @@ impl RdmaQueue {
     }
 
     /// Region range a keyed SGL of `sqe` names (None: no region data for this command).
-    fn keyed_range(&self, sqe: &Sqe) -> Result<Option<Range<usize>>, QueueError> {
+    fn keyed_range(&self, side: &Side, sqe: &Sqe) -> Result<Option<Range<usize>>, QueueError> {
         let Ok(SglDescriptor::KeyedDataBlock {
             address,
             length,
@@ -244,8 +131,8 @@ impl RdmaQueue {
         if length == 0 {
             return Ok(None);
         }
-        if key != self.side.mr.rkey() {
-            return match self.side.windows.as_ref().and_then(Option::as_ref) {
+        if key != self.mr.rkey() {
+            return match side.windows.as_ref().and_then(Option::as_ref) {
                 Some(w) => w
                     .prepared_range(key)
                     .filter(|r| r.len() == length)
@@ -259,16 +146,139 @@ impl RdmaQueue {
             };
         }
         let start = address
-            .checked_sub(self.side.mr.addr())
+            .checked_sub(self.mr.addr())
             .map(|s| s as usize)
-            .filter(|s| {
-                s.checked_add(length)
-                    .is_some_and(|e| e <= self.side.host.len())
-            })
+            .filter(|s| s.checked_add(length).is_some_and(|e| e <= self.host.len()))
             .ok_or_else(|| {
                 QueueError::Invalid(format!("SGL {address:#x}+{length} outside the region"))
             })?;
         Ok(Some(start..start + length))
+    }
+
+    /// Submits under the group's lock.
+    fn submit_locked(
+        &mut self,
+        g: &mut HostGroup,
+        sqe: &Sqe,
+        inline: Range<usize>,
+    ) -> Result<(), QueueError> {
+        let token = self.token;
+        let HostGroup { pg, router, .. } = g;
+        let Some(side) = router.side(token) else {
+            return self.check_side(None);
+        };
+        if side.lost.is_some() {
+            let side = Some(&*side);
+            return self.check_side(side);
+        }
+        if side.by_cid.contains_key(&sqe.cid) {
+            return Err(QueueError::Invalid(format!(
+                "CID {} already in flight",
+                sqe.cid
+            )));
+        }
+        let region = self.keyed_range(side, sqe)?;
+        let (to_target, from_target) = directions(sqe);
+        let data = region.clone().filter(|_| from_target);
+        let req = match pg.submit(self.handle) {
+            Ok(r) => r,
+            Err(TransportError::QueueFull(_)) => return Err(QueueError::Full),
+            Err(e) => {
+                side.lose(format!("submit: {e}"));
+                let side = Some(&*side);
+                return self.check_side(side);
+            }
+        };
+        match pg.alloc_buffers(req, 64) {
+            Ok(BufferGrant::Ready) => {}
+            Ok(BufferGrant::Waiting) | Err(_) => {
+                // A buffer per request object: only a broken group gets here.
+                pg.finish(req);
+                return Err(QueueError::Full);
+            }
+        }
+        for range in [region.filter(|_| to_target), Some(inline.clone())]
+            .into_iter()
+            .flatten()
+            .filter(|r| !r.is_empty())
+        {
+            if let Err(e) = self.mr.write_at(range.start, &self.host[range]) {
+                pg.finish(req);
+                return Err(QueueError::Invalid(format!("copy to the region: {e}")));
+            }
+        }
+        pg.buffer_mut(req, 0)[..64].copy_from_slice(&sqe.to_bytes());
+        // A window named by the SGL is bound in the same chain, ahead of the SEND (after a
+        // local invalidate when the target left its previous key valid).
+        let window = match sgl_key(sqe).filter(|k| *k != self.mr.rkey()) {
+            Some(key) => side
+                .windows
+                .as_mut()
+                .and_then(Option::as_mut)
+                .and_then(|w| w.take(key)),
+            None => None,
+        };
+        if let Some(r) = pg.request_mut(req) {
+            r.user = HostCommand {
+                queue: token,
+                data,
+                cqe: None,
+                window: window.as_ref().map(|(i, _)| *i),
+            };
+        }
+        let mut sge = [Sge::default(); 2];
+        pg.buffer_sges(req, 64, &mut sge[..1]);
+        let sges = if inline.is_empty() {
+            &sge[..1]
+        } else {
+            // In-capsule data straight from the registered region: no copy into the capsule.
+            sge[1] = self.mr.sge(inline.start, inline.len() as u32);
+            &sge[..2]
+        };
+        let send = ChainWr {
+            op: SendOp::Send,
+            sges,
+            inline: false,
+        };
+        let key_op = |op: SendOp| ChainWr {
+            op,
+            sges: &[],
+            inline: false,
+        };
+        let posted = match &window {
+            None => pg.post_chain(req, &[send], false),
+            Some((
+                _,
+                Posting {
+                    invalidate: None,
+                    bind,
+                    ..
+                },
+            )) => pg.post_chain(req, &[key_op(*bind), send], false),
+            Some((
+                _,
+                Posting {
+                    invalidate: Some(inv),
+                    bind,
+                    ..
+                },
+            )) => pg.post_chain(req, &[key_op(*inv), key_op(*bind), send], false),
+        };
+        if let Err(e) = posted {
+            if let (Some((i, p)), Some(Some(w))) = (&window, side.windows.as_mut()) {
+                let stale = match p.invalidate {
+                    Some(SendOp::LocalInv { rkey }) => Some(rkey),
+                    _ => None,
+                };
+                w.unpost(*i, stale);
+            }
+            pg.finish(req);
+            side.lose(format!("post: {e}"));
+            let side = Some(&*side);
+            return self.check_side(side);
+        }
+        side.by_cid.insert(sqe.cid, req);
+        Ok(())
     }
 }
 
@@ -295,29 +305,29 @@ fn directions(sqe: &Sqe) -> (bool, bool) {
 
 impl HostQueue for RdmaQueue {
     fn qid(&self) -> u16 {
-        self.side.qid
+        self.qid
     }
     fn depth(&self) -> u16 {
         self.depth
     }
     fn region(&self) -> DataRegion {
         DataRegion {
-            address: self.side.mr.addr(),
-            key: self.side.mr.rkey(),
-            len: self.side.host.len(),
+            address: self.mr.addr(),
+            key: self.mr.rkey(),
+            len: self.host.len(),
         }
     }
     fn region_bytes(&self) -> &[u8] {
-        &self.side.host
+        &self.host
     }
     fn region_bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.side.host
+        &mut self.host
     }
 
     fn submit(&mut self, sqe: &Sqe, in_capsule: Option<Range<usize>>) -> Result<(), QueueError> {
         self.check()?;
         let inline = in_capsule.unwrap_or(0..0);
-        if inline.start > inline.end || inline.end > self.side.host.len() {
+        if inline.start > inline.end || inline.end > self.host.len() {
             return Err(QueueError::Invalid(format!("in-capsule range {inline:?}")));
         }
         if inline.len() > self.in_capsule_limit {
@@ -327,146 +337,80 @@ impl HostQueue for RdmaQueue {
                 self.in_capsule_limit
             )));
         }
-        if self.side.by_cid.contains_key(&sqe.cid) {
-            return Err(QueueError::Invalid(format!(
-                "CID {} already in flight",
-                sqe.cid
-            )));
-        }
-        let region = self.keyed_range(sqe)?;
-        let (to_target, from_target) = directions(sqe);
-        let data = region.clone().filter(|_| from_target);
-        let req = match self.pg.submit(self.handle) {
-            Ok(r) => r,
-            Err(TransportError::QueueFull(_)) => return Err(QueueError::Full),
-            Err(e) => {
-                self.side.lose(format!("submit: {e}"));
-                return self.check();
-            }
-        };
-        let capsule_len = 64 + inline.len();
-        match self.pg.alloc_buffers(req, capsule_len as u32) {
-            Ok(BufferGrant::Ready) => {}
-            Ok(BufferGrant::Waiting) | Err(_) => {
-                // Sized for the depth: only a depth beyond the group's buffers gets here.
-                self.pg.finish(req);
-                return Err(QueueError::Full);
-            }
-        }
-        if let Some(range) = region.filter(|_| to_target) {
-            if let Err(e) = self.side.mr.write_at(range.start, &self.side.host[range]) {
-                self.pg.finish(req);
-                return Err(QueueError::Invalid(format!("copy to the region: {e}")));
-            }
-        }
-        {
-            let buffer = self.pg.buffer_mut(req, 0);
-            buffer[..64].copy_from_slice(&sqe.to_bytes());
-            buffer[64..capsule_len].copy_from_slice(&self.side.host[inline]);
-        }
-        // A window named by the SGL is bound in the same chain, ahead of the SEND (after a
-        // local invalidate when the target left its previous key valid).
-        let window = match sgl_key(sqe).filter(|k| *k != self.side.mr.rkey()) {
-            Some(key) => self
-                .side
-                .windows
-                .as_mut()
-                .and_then(Option::as_mut)
-                .and_then(|w| w.take(key)),
-            None => None,
-        };
-        if let Some(r) = self.pg.request_mut(req) {
-            r.user = HostCommand {
-                data,
-                cqe: None,
-                window: window.as_ref().map(|(i, _)| *i),
-            };
-        }
-        let mut sge = [Sge::default(); 1];
-        self.pg.buffer_sges(req, capsule_len as u32, &mut sge);
-        let send = ChainWr {
-            op: SendOp::Send,
-            sges: &sge,
-            inline: false,
-        };
-        let key_op = |op: SendOp| ChainWr {
-            op,
-            sges: &[],
-            inline: false,
-        };
-        let posted = match &window {
-            None => self.pg.post_chain(req, &[send], false),
-            Some((
-                _,
-                Posting {
-                    invalidate: None,
-                    bind,
-                    ..
-                },
-            )) => self.pg.post_chain(req, &[key_op(*bind), send], false),
-            Some((
-                _,
-                Posting {
-                    invalidate: Some(inv),
-                    bind,
-                    ..
-                },
-            )) => self
-                .pg
-                .post_chain(req, &[key_op(*inv), key_op(*bind), send], false),
-        };
-        if let Err(e) = posted {
-            if let (Some((i, p)), Some(Some(w))) = (&window, self.side.windows.as_mut()) {
-                let stale = match p.invalidate {
-                    Some(SendOp::LocalInv { rkey }) => Some(rkey),
-                    _ => None,
-                };
-                w.unpost(*i, stale);
-            }
-            self.pg.finish(req);
-            self.side.lose(format!("post: {e}"));
-            return self.check();
-        }
-        self.side.by_cid.insert(sqe.cid, req);
-        Ok(())
+        let group = self.group.clone();
+        let mut g = lock(&group);
+        self.submit_locked(&mut g, sqe, inline)
     }
 
     fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {
-        // Report what is already reaped first: a CQE taken from the CQ is never dropped.
-        if self.side.done.is_empty() {
-            self.check()?;
-            if let Err(e) = self.pg.poll(&mut self.side) {
-                self.side.lose(format!("poll: {e}"));
-            }
+        self.check()?;
+        let group = self.group.clone();
+        let mut g = lock(&group);
+        let empty = g
+            .router
+            .side(self.token)
+            .is_none_or(|side| side.done.is_empty());
+        // Report what is already reaped first: a CQE taken from the CQ is never dropped. The CQ
+        // is polled only when no other queue of the group did since this one last looked.
+        if empty && g.polls == self.seen_polls {
+            g.poll();
+            let idle = g
+                .router
+                .side(self.token)
+                .is_none_or(|side| side.done.is_empty());
             // Idle polls look at the CM channel now and then (a syscall on verbs): a peer's
             // disconnect usually shows first as flushed work on the CQ anyway.
-            if self.side.done.is_empty() {
+            if idle {
                 self.idle_polls = self.idle_polls.wrapping_add(1);
                 if self.idle_polls % CM_CHECK_EVERY == 0 {
-                    self.cm_events();
+                    self.cm_events(&mut g);
                 }
             }
         }
-        self.check()?;
-        let n = out.len().min(self.side.done.len());
-        for (slot, cqe) in out.iter_mut().zip(self.side.done.drain(..n)) {
+        self.seen_polls = g.polls;
+        let Some(side) = g.router.side(self.token) else {
+            return self.check_side(None).map(|()| 0);
+        };
+        if side.lost.is_some() {
+            let side = Some(&*side);
+            return self.check_side(side).map(|()| 0);
+        }
+        let n = out.len().min(side.done.len());
+        for slot in out[..n].iter_mut() {
+            let Some((cqe, data)) = side.done.pop_front() else {
+                break;
+            };
             *slot = cqe;
+            if let Some(range) = data {
+                if let Err(e) = self.mr.read_at(range.start, &mut self.host[range]) {
+                    side.lose(format!("copy from the registered region: {e}"));
+                    let side = Some(&*side);
+                    return self.check_side(side).map(|()| 0);
+                }
+            }
         }
         Ok(n)
     }
 
     fn bind_window(&mut self, range: Range<usize>) -> Result<Option<(u64, u32)>, QueueError> {
         self.check()?;
-        if range.start > range.end || range.end > self.side.host.len() {
+        if range.start > range.end || range.end > self.host.len() {
             return Err(QueueError::Invalid(format!(
                 "window {range:?} outside the region"
             )));
         }
-        let mr = &self.side.mr;
-        let windows = self.side.windows.get_or_insert_with(|| {
+        let group = self.group.clone();
+        let mut g = lock(&group);
+        let HostGroup { pg, router, .. } = &mut *g;
+        let Some(side) = router.side(self.token) else {
+            return self.check_side(None).map(|()| None);
+        };
+        let mr = &self.mr;
+        let depth = usize::from(self.depth);
+        let windows = side.windows.get_or_insert_with(|| {
             // Control path, once per queue: as many windows as commands may be in flight.
             if mr.access().contains(Access::MW_BIND) {
-                Windows::new(self.pg.pd(), usize::from(self.depth))
+                Windows::new(pg.pd(), depth)
             } else {
                 None
             }
@@ -482,7 +426,7 @@ impl HostQueue for RdmaQueue {
     }
 
     fn is_connected(&self) -> bool {
-        self.side.lost.is_none() && !self.disconnected
+        self.lost.is_none() && !self.disconnected
     }
 
     fn disconnect(&mut self) {
@@ -490,20 +434,35 @@ impl HostQueue for RdmaQueue {
             return;
         }
         self.disconnected = true;
-        self.side.lose("disconnected by the host".into());
-        self.pg.disconnect(&mut self.side, self.qp_num);
-        // Let the drain run to its end so the QP and its CM id go before the group does.
-        let deadline = std::time::Instant::now() + self.pg.config().drain_timeout * 2;
-        while self.pg.qpair_count() > 0 && std::time::Instant::now() < deadline {
-            if self.pg.poll(&mut self.side).is_err() {
-                break;
-            }
-            while let Ok(Some(ev)) = self.channel.poll_event() {
-                self.pg
-                    .handle_cm_event(&mut self.side, self.qp_num, &ev.kind);
-            }
-            std::thread::yield_now();
+        if self.lost.is_none() {
+            self.lost = Some("disconnected by the host".into());
         }
+        let group = self.group.clone();
+        let mut g = lock(&group);
+        if let Some(side) = g.router.side(self.token) {
+            side.lose("disconnected by the host".into());
+        }
+        let HostGroup { pg, router, .. } = &mut *g;
+        pg.disconnect(router, self.qp_num);
+        // Let the drain run to its end so the QP and its CM id go before the region does; the
+        // other queues' completions reaped meanwhile wait in their sides.
+        let deadline = std::time::Instant::now() + pg.config().drain_timeout * 2;
+        let gone = |g: &mut HostGroup| g.router.side(self.token).is_none_or(|s| s.gone);
+        while !gone(&mut g) && std::time::Instant::now() < deadline {
+            g.poll();
+            while let Ok(Some(ev)) = self.channel.poll_event() {
+                let HostGroup { pg, router, .. } = &mut *g;
+                pg.handle_cm_event(router, self.qp_num, &ev.kind);
+            }
+            drop(g);
+            std::thread::yield_now();
+            g = lock(&group);
+        }
+        if !gone(&mut g) {
+            let HostGroup { pg, router, .. } = &mut *g;
+            pg.destroy_qpair(router, self.qp_num);
+        }
+        g.leave(self.token);
     }
 }
 

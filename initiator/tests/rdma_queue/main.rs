@@ -224,3 +224,34 @@ fn windows_round_trips(target: FakeTarget) {
         Err(QueueError::Invalid(_))
     ));
 }
+
+#[test]
+fn a_full_host_group_refuses_a_queue_and_names_the_knob() {
+    let target = FakeTarget::start();
+    let fabric = RdmaFabric::new("soft", None).unwrap().group_config(
+        nvmf_initiator::rdma::HostGroupConfig {
+            requests: u32::from(DEPTH) + 4,
+            ..Default::default()
+        },
+    );
+    let q = fabric.connect(&params(&target)).expect("first queue fits");
+    let groups = fabric.host_groups();
+    assert_eq!(groups.len(), 1);
+    assert_eq!(
+        (groups[0].queues, groups[0].reserved),
+        (1, u32::from(DEPTH))
+    );
+    // A second queue of the same depth would oversubscribe the request objects.
+    let err = fabric.connect(&params(&target)).err().expect("refused");
+    match err {
+        ConnectError::Resources(why) => assert!(why.contains("HostGroupConfig::requests"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        fabric.host_groups()[0].queues,
+        1,
+        "the refused queue left no trace"
+    );
+    drop(q);
+    assert!(fabric.host_groups().is_empty());
+}

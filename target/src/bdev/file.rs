@@ -6,15 +6,17 @@
 //! - Read / Write: READV / WRITEV straight on the transport's buffers; a FUA write carries
 //!   RWF_DSYNC, so it is durable when it completes. With O_DIRECT, segments
 //!   whose address or length is not a multiple of the block size go through an aligned bounce
-//!   buffer (allocated for that I/O; the poll group's buffers are aligned, so this is the
-//!   exception, e.g. in-capsule data).
+//!   buffer (the poll group's buffers are aligned; in-capsule write data, used in place in
+//!   its receive slot 64 bytes after the SQE, is not). Bounce and compare buffers belong to
+//!   the channel's I/O slots and are reused, grown only past their largest transfer: no
+//!   allocation per I/O once warm.
 //! - Flush: FSYNC with DATASYNC, which reaches stable storage (data and the metadata needed to
 //!   read it back), also under O_DIRECT where the device may cache.
 //! - Write Zeroes / Deallocate: FALLOCATE with ZERO_RANGE / PUNCH_HOLE (KEEP_SIZE); when the
 //!   file system refuses (EOPNOTSUPP / EINVAL) the channel remembers and writes zeroes from a
 //!   zeroed buffer instead, so deallocated blocks always read back as zeroes.
-//! - Compare: reads into an aligned scratch buffer (allocated for that I/O: compare is rare)
-//!   and compares with a copy of the host's data taken at submit.
+//! - Compare: reads into an aligned scratch buffer and compares with a copy of the host's
+//!   data taken at submit.
 //!
 //! This is the one module of the crate allowed `unsafe`: pushing an SQE hands raw addresses to
 //! the kernel. What makes it sound is the lending contract of [`IoBuf`] (the memory stays alive
@@ -149,6 +151,15 @@ impl AlignedBuf {
         let raw = vec![0u8; len + DIRECT_ALIGN];
         let start = raw.as_ptr().align_offset(DIRECT_ALIGN);
         AlignedBuf { raw, start, len }
+    }
+    /// `len` bytes of `buf`, reusing its memory when it is large enough (contents unspecified:
+    /// every user overwrites them before reading).
+    fn reuse(buf: &mut Option<AlignedBuf>, len: usize) -> &mut AlignedBuf {
+        match buf {
+            Some(b) if b.raw.len() - b.start >= len => b.len = len,
+            _ => *buf = Some(AlignedBuf::new(len)),
+        }
+        buf.as_mut().expect("just set")
     }
     fn as_slice(&self) -> &[u8] {
         &self.raw[self.start..self.start + self.len]
@@ -289,7 +300,11 @@ struct FileChannel {
     file: Arc<File>,
     direct: bool,
     ring: IoUring,
-    slots: Vec<Slot>,
+    /// Boxed: an SQE points at its slot's iovec list until the ring is entered, so a slot
+    /// must not move when the list grows (a `Vec<Slot>` reallocating handed the kernel freed
+    /// memory: EFAULT, or stale iovecs).
+    #[allow(clippy::vec_box)] // the box is the point: a stable address
+    slots: Vec<Box<Slot>>,
     free: Vec<u32>,
     live: usize,
     /// SQEs pushed since the ring was last entered.
@@ -315,7 +330,7 @@ impl FileChannel {
             Some(i) => i,
             None => {
                 // Grows only past the previous high-water mark.
-                self.slots.push(Slot::new());
+                self.slots.push(Box::new(Slot::new()));
                 (self.slots.len() - 1) as u32
             }
         };
@@ -324,7 +339,7 @@ impl FileChannel {
         s.kind = kind;
         s.remaining = 0;
         s.status = IoStatus::Success;
-        s.scratch = None;
+        // `scratch` is kept: reused by the slot's next bounced or compared transfer.
         s.expected.clear();
         s.ranges.clear();
         s.expect_bytes = 0;
@@ -333,7 +348,6 @@ impl FileChannel {
     }
 
     fn release_slot(&mut self, index: u32) {
-        self.slots[index as usize].scratch = None;
         self.free.push(index);
         self.live -= 1;
     }
@@ -342,8 +356,9 @@ impl FileChannel {
     fn push(&mut self, entry: squeue::Entry) -> Result<(), i32> {
         // SAFETY: every address in `entry` stays valid until its completion is reaped: host
         // segments by the IoBuf lending contract, slot-owned iovec lists and scratch buffers
-        // because a slot is not reused or dropped before its last SQE completes, the zero
-        // buffer because it lives as long as the channel, and Drop waits for every SQE.
+        // because a slot is boxed (never moves) and is not reused or dropped before its last
+        // SQE completes, the zero buffer because it lives as long as the channel, and Drop
+        // waits for every SQE.
         let pushed = unsafe { self.ring.submission().push(&entry) };
         if pushed.is_err() {
             self.ring
@@ -442,11 +457,10 @@ impl FileChannel {
         s.host = host;
         s.expect_bytes = bytes;
         if bounce {
-            let mut b = AlignedBuf::new(bytes);
+            let b = AlignedBuf::reuse(&mut s.scratch, bytes);
             if write {
                 data.read_at(0, b.as_mut_slice());
             }
-            s.scratch = Some(b);
             self.submit_scratch(index, bytes);
         } else {
             s.submit = host;
@@ -465,7 +479,7 @@ impl FileChannel {
         let s = &mut self.slots[index as usize];
         s.expected.resize(bytes, 0);
         data.read_at(0, &mut s.expected);
-        s.scratch = Some(AlignedBuf::new(bytes));
+        AlignedBuf::reuse(&mut s.scratch, bytes);
         self.submit_scratch(index, bytes);
         self.push_rw(index, false, self.byte_offset(lba), 0);
         self.settle(index)
@@ -597,7 +611,10 @@ impl FileChannel {
     }
 
     fn enter(&mut self) {
-        if self.unsubmitted > 0 {
+        // More I/Os in flight than the CQ holds park completions on the kernel's overflow
+        // list; only entering the ring (with GETEVENTS, which `submit` adds when the overflow
+        // flag is up) moves them back into the CQ. Without it they were never reaped.
+        if self.unsubmitted > 0 || self.ring.submission().cq_overflow() {
             match self.ring.submit() {
                 Ok(_) => self.unsubmitted = 0,
                 Err(e) => tracing::warn!(bdev = %self.info.name, "io_uring submit: {e}"),
@@ -754,6 +771,24 @@ mod tests {
             IoStatus::Success
         );
         assert_eq!(raw[1..], expect[..]);
+        // The slot's bounce buffer is reused: grown for a larger write, then a smaller read
+        // sees only its own bytes.
+        let mut big = vec![0u8; 2049];
+        for (i, x) in big[1..].iter_mut().enumerate() {
+            *x = (i % 251) as u8 ^ 0x5A;
+        }
+        let expect = big[1..].to_vec();
+        let write = BdevOp::Write { lba: 4, blocks: 4 };
+        assert_eq!(run(ch.as_mut(), write, &mut big[1..]), IoStatus::Success);
+        for block in 0..4 {
+            raw.fill(0);
+            let read = BdevOp::Read {
+                lba: 4 + block as u64,
+                blocks: 1,
+            };
+            assert_eq!(run(ch.as_mut(), read, &mut raw[1..513]), IoStatus::Success);
+            assert_eq!(raw[1..513], expect[block * 512..(block + 1) * 512]);
+        }
     }
 
     #[test]
@@ -793,6 +828,53 @@ mod tests {
             IoStatus::Success
         );
         assert!(back.iter().all(|b| *b == (299 % 256) as u8));
+    }
+
+    /// An SQE points at its slot's iovec list until the ring is entered: the list must stay
+    /// where it is while later submissions grow the slot table (they did move: EFAULT). And
+    /// 1024 I/Os in flight are more than the CQ holds: the overflow must still be reaped (it
+    /// hung). Every write lands.
+    #[test]
+    fn a_slot_does_not_move_while_the_table_grows() {
+        let d = dir();
+        let b = FileBdev::open("f", &d.path().join("grow"), 4096, Some(1 << 22), true).unwrap();
+        let mut file = b.channel().unwrap();
+        let mut bufs: Vec<AlignedBuf> = (0..1024).map(|_| AlignedBuf::new(4096)).collect();
+        let mut first = None;
+        for (i, buf) in bufs.iter_mut().enumerate() {
+            buf.as_mut_slice().fill(i as u8);
+            let mut segs = [buf.as_mut_slice()];
+            let mut io = IoBuf::new(&mut segs);
+            let op = BdevOp::Write {
+                lba: i as u64,
+                blocks: 1,
+            };
+            assert_eq!(file.submit(op, &mut io, i as u64), Submitted::Queued);
+            let addr = file.slots[0].submit.vecs.as_ptr() as usize;
+            assert_eq!(
+                *first.get_or_insert(addr),
+                addr,
+                "slot 0 moved at write {i}"
+            );
+        }
+        let mut failed = Vec::new();
+        while file.in_flight() > 0 {
+            file.poll(&mut |tag, s| {
+                if s != IoStatus::Success {
+                    failed.push((tag, s));
+                }
+            });
+        }
+        assert!(failed.is_empty(), "{failed:?}");
+        let mut back = AlignedBuf::new(4096);
+        for i in [0usize, 255, 256, 511, 777, 1023] {
+            let op = BdevOp::Read {
+                lba: i as u64,
+                blocks: 1,
+            };
+            assert_eq!(run(&mut file, op, back.as_mut_slice()), IoStatus::Success);
+            assert!(back.as_slice().iter().all(|b| *b == i as u8), "block {i}");
+        }
     }
 
     #[test]

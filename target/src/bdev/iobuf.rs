@@ -9,8 +9,10 @@
 //! When a command completes asynchronously (`Exec::Pending` / `Submitted::Queued`), the memory
 //! behind every segment must stay allocated and must not be read or written by anyone else
 //! until that command's completion has been reaped (the tag comes back from `poll`). Poll-group
-//! buffers satisfy this naturally: a request keeps its buffers until its response is sent. The
-//! memory is then treated like registered memory a NIC DMAs into.
+//! buffers satisfy this naturally: a request keeps its buffers until its response is sent; an
+//! in-capsule write's receive slot stays off the SRQ until its block I/O is done (see
+//! `transport_glue::handler`). The memory is then treated like registered memory a NIC DMAs
+//! into.
 
 /// Most segments one command's data may span (the poll group splits a transfer over at most
 /// 16 data buffers).

@@ -108,6 +108,29 @@ pub struct Config {
 pub struct ReactorsConfig {
     /// One reactor per entry, pinned to that core.
     pub cores: Spanned<Vec<usize>>,
+    /// A reactor that found no work for this long sleeps until a message or an event wakes
+    /// it (saves a core on an idle target; costs a wake-up on the next command). Default
+    /// 1000 us.
+    #[serde(default)]
+    pub idle_after_us: Option<Spanned<u64>>,
+    /// Never sleep: poll all the time, as SPDK's reactors do (lowest latency at low queue
+    /// depth; the core stays busy). Excludes `idle_after_us`.
+    #[serde(default)]
+    pub busy_poll: bool,
+}
+
+impl ReactorsConfig {
+    /// How long a reactor polls without work before it sleeps (`Duration::MAX`: never).
+    pub fn idle_after(&self) -> std::time::Duration {
+        if self.busy_poll {
+            return std::time::Duration::MAX;
+        }
+        self.idle_after_us
+            .as_ref()
+            .map_or(nvmf_poller::DEFAULT_IDLE_AFTER, |us| {
+                std::time::Duration::from_micros(*us.get_ref())
+            })
+    }
 }
 
 /// RDMA provider choice.

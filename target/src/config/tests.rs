@@ -52,9 +52,32 @@ fn good_config_parses() {
     assert_eq!(*c.transport.in_capsule_data_size.get_ref(), 4096);
     assert_eq!(*c.bdevs[0].block_size.get_ref(), 512);
     assert!(!c.subsystems[0].allow_any_host);
+    assert_eq!(c.reactors.idle_after(), nvmf_poller::DEFAULT_IDLE_AFTER);
+    let busy = GOOD.replacen("cores = [0, 1]", "cores = [0, 1]\nbusy_poll = true", 1);
+    let busy = Config::parse(&busy, "busy.toml").unwrap();
+    assert_eq!(busy.reactors.idle_after(), std::time::Duration::MAX);
+    let idle = GOOD.replacen("cores = [0, 1]", "cores = [0, 1]\nidle_after_us = 50", 1);
+    let idle = Config::parse(&idle, "idle.toml").unwrap();
+    assert_eq!(
+        idle.reactors.idle_after(),
+        std::time::Duration::from_micros(50)
+    );
 }
 
 /// Replace the first occurrence of `from` in GOOD with `to`.
+#[test]
+fn small_io_units_up_to_a_requests_buffers_are_valid() {
+    // 128 KiB in 4 KiB units: 32 buffers, what a request holds (transfers needing more SGEs
+    // than one chain are moved in several).
+    let text = GOOD.replacen(
+        "listen = [\"127.0.0.1:4420\"]",
+        "listen = [\"127.0.0.1:4420\"]\nmax_io_size = 131072\nio_unit_size = 4096",
+        1,
+    );
+    let c = Config::parse(&text, "small-units.toml").unwrap();
+    assert_eq!(*c.transport.io_unit_size.get_ref(), 4096);
+}
+
 fn broken(from: &str, to: &str) -> String {
     assert!(GOOD.contains(from), "{from:?} not in GOOD");
     GOOD.replacen(from, to, 1)
@@ -78,6 +101,19 @@ fn broken_configs_name_file_line_and_key() {
             broken("cores = [0, 1]", "cores = [0, 0]"),
             "bad.toml:2: reactors.cores",
             "listed twice",
+        ),
+        (
+            broken(
+                "cores = [0, 1]",
+                "cores = [0, 1]\nbusy_poll = true\nidle_after_us = 50",
+            ),
+            "bad.toml:4: reactors.idle_after_us",
+            "no effect with busy_poll",
+        ),
+        (
+            broken("cores = [0, 1]", "cores = [0, 1]\nbusy_pol = true"),
+            "bad.toml:3: reactors.busy_pol",
+            "unknown field",
         ),
         (
             broken("cores = [0, 1]", "cores = []"),
@@ -172,6 +208,14 @@ fn broken_configs_name_file_line_and_key() {
             ),
             "bad.toml:7: transport.max_io_size",
             "power of two",
+        ),
+        (
+            broken(
+                "listen = [\"127.0.0.1:4420\"]",
+                "listen = [\"127.0.0.1:4420\"]\nmax_io_size = 262144\nio_unit_size = 4096",
+            ),
+            "bad.toml:7: transport.max_io_size",
+            "needs more than 32 buffers of io_unit_size 4096",
         ),
         (
             broken(

@@ -12,8 +12,10 @@ use super::{BdevKind, Config, ConfigError, Provider};
 
 /// Smallest admin queue the Linux host asks for (HRQSIZE 32).
 const MIN_AQ_DEPTH: u32 = 32;
-/// The poll group splits one command's data over at most this many buffers.
-const MAX_BUFFERS_PER_IO: u32 = 16;
+/// A request holds at most this many data buffers (one io unit each). Beyond that a transfer
+/// within max_io_size always works: one needing more SGEs or work requests than one chain
+/// holds (many descriptors, small io units) is moved in several chains.
+const MAX_BUFFERS_PER_IO: u32 = nvmf_transport::pollgroup::MAX_REQUEST_BUFFERS as u32;
 
 struct Report<'a> {
     text: &'a str,
@@ -60,6 +62,13 @@ fn reactors(config: &Config, r: &mut Report<'_>) {
             cores.span(),
             "reactors.cores",
             "at least one core is needed",
+        );
+    }
+    if let (true, Some(idle)) = (config.reactors.busy_poll, &config.reactors.idle_after_us) {
+        r.at(
+            idle.span(),
+            "reactors.idle_after_us",
+            "has no effect with busy_poll = true (a busy-polling reactor never sleeps)",
         );
     }
     let mut seen = HashSet::new();
@@ -153,7 +162,10 @@ fn transport(config: &Config, r: &mut Report<'_>) {
         r.at(
             t.max_io_size.span(),
             "transport.max_io_size",
-            format!("{max_io} needs more than {MAX_BUFFERS_PER_IO} buffers of io_unit_size {unit}"),
+            format!(
+                "{max_io} needs more than {MAX_BUFFERS_PER_IO} buffers of io_unit_size {unit} \
+                 (a request holds at most {MAX_BUFFERS_PER_IO}): raise io_unit_size or lower max_io_size"
+            ),
         );
     }
     range(r, &t.srq_depth, "transport.srq_depth", 1, 1 << 20);

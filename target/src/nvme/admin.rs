@@ -31,7 +31,8 @@ const ONCS: u16 = (1 << 0) | (1 << 2) | (1 << 3);
 const VWC: u8 = 0x05;
 /// OAES: Namespace Attribute Notices.
 const OAES_NS_ATTRIBUTE: u32 = 1 << 8;
-/// LPA: extended data for Get Log Page (LPO, NUMDU).
+/// LPA: extended data for Get Log Page (LPO, NUMDU). Bit 0 (SMART per namespace) clear: the
+/// SMART / Health log is the controller's only.
 const LPA_EXTENDED: u8 = 1 << 2;
 /// DLFEAT: Write Zeroes may deallocate (bit 3); deallocated blocks read as zeroes (001b).
 const DLFEAT: u8 = 0x09;
@@ -48,7 +49,7 @@ impl Queue {
         sqe: &Sqe,
         data: &mut IoBuf<'_, '_>,
         tag: u64,
-        now: Instant,
+        now: impl FnOnce() -> Instant,
     ) -> Exec {
         let op = AdminOpcode::from_raw(sqe.opcode);
         // Before CC.EN = 1 and CSTS.RDY = 1 only Fabrics commands are allowed.
@@ -59,15 +60,14 @@ impl Queue {
         let cqe = match op {
             AdminOpcode::Identify => self.identify(c, sqe, data),
             AdminOpcode::GetLogPage => self.get_log_page(c, sqe, data),
-            AdminOpcode::SetFeatures => self.set_features(c, sqe, now),
+            AdminOpcode::SetFeatures => self.set_features(c, sqe, now()),
             AdminOpcode::GetFeatures => self.get_features(c, sqe),
             AdminOpcode::KeepAlive => {
-                c.keep_alive(now);
+                c.keep_alive(now());
                 self.success(sqe, 0)
             }
             AdminOpcode::AsyncEventRequest => return self.async_event_request(c, sqe, tag),
-            // Best effort is allowed: "not aborted" (DW0 bit 0 = 1).
-            AdminOpcode::Abort if !discovery => self.success(sqe, 1),
+            AdminOpcode::Abort if !discovery => return self.abort(c, sqe, tag),
             _ => self.error(sqe, INVALID_OPCODE),
         };
         Exec::Done(cqe)
@@ -90,7 +90,10 @@ impl Queue {
             (Cns::Namespace, false) => {
                 let sub = c.subsystem.as_ref();
                 let max = sub.map_or(0, |s| s.max_namespaces);
-                if cmd.nsid == 0 || (cmd.nsid > max && cmd.nsid != u32::MAX) {
+                // FFFFFFFFh asks for the capabilities common to all namespaces, which only a
+                // controller with Namespace Management returns (OACS bit 3; not ours, like
+                // nvmet and SPDK): Invalid Namespace or Format, as for any NSID beyond NN.
+                if cmd.nsid == 0 || cmd.nsid > max {
                     return self.error(sqe, INVALID_NAMESPACE);
                 }
                 match self.namespace(c, cmd.nsid) {
@@ -227,6 +230,12 @@ impl Queue {
                     chunk.copy_from_slice(&e.to_bytes());
                 }
                 b
+            }
+            // Per-namespace SMART is not supported (LPA bit 0 clear): a namespace's NSID is
+            // Invalid Field in Command, as the base specification prescribes; 0 and
+            // FFFFFFFFh ask for the controller's log.
+            (LogId::SmartHealth, false) if sqe.nsid != 0 && sqe.nsid != u32::MAX => {
+                return self.error(sqe, INVALID_FIELD);
             }
             (LogId::SmartHealth, false) => {
                 let mut b = vec![0u8; SMART_LOG_SIZE];
@@ -389,6 +398,21 @@ impl Queue {
         };
         drop(s);
         self.success(sqe, u64::from(value))
+    }
+
+    /// Abort (CDW10: SQID 15:0, CID 31:16). A command of an I/O queue that has not started
+    /// (waiting for data buffers or to read its data) can be aborted: the request goes to the
+    /// reactor owning that queue and the answer comes back as an event (DW0 bit 0 = 0
+    /// aborted). Anything else is declined at once (DW0 bit 0 = 1, which the spec allows):
+    /// admin commands execute as they arrive, and an unknown queue holds nothing.
+    fn abort(&mut self, c: &Controller, sqe: &Sqe, tag: u64) -> Exec {
+        let sqid = (sqe.cdw10 & 0xFFFF) as u16;
+        let cid = (sqe.cdw10 >> 16) as u16;
+        if sqid != 0 && c.request_abort(sqid, cid, sqe.cid) {
+            self.abort_tags.push((sqe.cid, tag));
+            return Exec::Pending;
+        }
+        Exec::Done(self.success(sqe, 1))
     }
 
     fn async_event_request(&mut self, c: &Controller, sqe: &Sqe, tag: u64) -> Exec {

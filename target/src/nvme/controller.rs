@@ -7,9 +7,15 @@
 //! the I/O fast path never takes (I/O queues only read the immutable fields and an atomic
 //! `defunct` flag). Outstanding Asynchronous Event Requests wait here; the admin queue's
 //! reactor collects them once the `aer_ready` flag says an event arrived.
+//!
+//! A controller reset (CC.EN 1 -> 0 on a live controller) keeps the admin queue and the
+//! association: the `epoch` counter grows, so every I/O queue bound under the old epoch sees
+//! that it must go (the transport disconnects it, its outstanding commands end with it), and
+//! outstanding AERs are answered as aborted. CSTS.RDY reads 1 until the last of those I/O
+//! queues has closed, then 0; the host may then enable again and connect new I/O queues.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -33,6 +39,16 @@ pub const ERROR_LOG_ENTRIES: usize = 16;
 /// Changed Namespace List entries kept before it reports overflow.
 const CHANGED_NS_MAX: usize = 1024;
 
+/// An Abort command on its way to the queue holding its victim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbortRequest {
+    /// The victim's queue and CID.
+    pub sqid: u16,
+    pub cid: u16,
+    /// The Abort command's own CID (on the admin queue).
+    pub abort_cid: u16,
+}
+
 /// More Asynchronous Event Requests than AERL + 1 outstanding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AerLimitExceeded;
@@ -49,6 +65,12 @@ pub struct Controller {
     pub hostid: [u8; 16],
     defunct: AtomicBool,
     aer_ready: AtomicBool,
+    /// Controller resets so far: I/O queues bound under an older epoch must go.
+    epoch: AtomicU32,
+    /// Abort requests wait in `State::aborts` for the reactors owning their queues.
+    aborts_pending: AtomicBool,
+    /// Answers wait in `State::abort_answers` for the admin queue.
+    aborts_answered: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -76,6 +98,14 @@ pub struct State {
     pub vwc_enabled: bool,
     /// CIDs of outstanding Asynchronous Event Requests, oldest first.
     pub aer_cids: VecDeque<u16>,
+    /// CIDs of AERs a controller reset aborted, to be answered by the admin queue.
+    pub aer_aborted: Vec<u16>,
+    /// CC.EN went 1 -> 0 while I/O queues were connected: CSTS.RDY drops when the last closes.
+    pub resetting: bool,
+    /// Abort commands waiting for the reactor of their victim's queue.
+    pub aborts: Vec<AbortRequest>,
+    /// Abort commands answered, for the admin queue: (the Abort's CID, whether it aborted).
+    pub abort_answers: Vec<(u16, bool)>,
     /// Events waiting for an AER.
     pub events: VecDeque<AsyncEvent>,
     /// A namespace notice was reported and the host has not read log 0x04 yet.
@@ -111,6 +141,9 @@ impl Controller {
             hostid,
             defunct: AtomicBool::new(false),
             aer_ready: AtomicBool::new(false),
+            epoch: AtomicU32::new(0),
+            aborts_pending: AtomicBool::new(false),
+            aborts_answered: AtomicBool::new(false),
             state: Mutex::new(State {
                 cc: Cc::default(),
                 csts: Csts::default(),
@@ -123,6 +156,10 @@ impl Controller {
                 power: PowerManagement::default(),
                 vwc_enabled: true,
                 aer_cids: VecDeque::new(),
+                aer_aborted: Vec::new(),
+                resetting: false,
+                aborts: Vec::new(),
+                abort_answers: Vec::new(),
                 events: VecDeque::new(),
                 ns_notice_masked: false,
                 changed_ns: Vec::new(),
@@ -165,7 +202,40 @@ impl Controller {
 
     /// Ready (CC.EN = 1 and CSTS.RDY = 1).
     pub fn is_ready(&self) -> bool {
-        self.state().csts.rdy
+        let s = self.state();
+        s.cc.en && s.csts.rdy
+    }
+
+    /// Controller resets so far (an I/O queue bound under another value must go). One
+    /// atomic load: the I/O path reads it.
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// I/O queue `qid` closed: its id is free again; the last one to close after a reset
+    /// completes the reset (CSTS.RDY = 0).
+    pub fn io_queue_closed(&self, qid: u16) {
+        let mut s = self.state();
+        s.io_qids.retain(|q| *q != qid);
+        // Aborts its reactor had not taken yet: nothing of that queue is left to abort.
+        let mut answered = false;
+        let mut i = 0;
+        while i < s.aborts.len() {
+            if s.aborts[i].sqid == qid {
+                let a = s.aborts.swap_remove(i);
+                s.abort_answers.push((a.abort_cid, false));
+                answered = true;
+            } else {
+                i += 1;
+            }
+        }
+        if answered {
+            self.aborts_answered.store(true, Ordering::Release);
+        }
+        if s.resetting && s.io_qids.is_empty() {
+            s.resetting = false;
+            s.csts.rdy = false;
+        }
     }
 
     /// The keep-alive timer expired at `now` (KATO 0 never expires).
@@ -234,6 +304,8 @@ impl Controller {
         s.cc = cc;
         if cc.en && !was.en {
             let sizes_ok = self.is_discovery() || (cc.iosqes == 6 && cc.iocqes == 4);
+            // A reset still waiting for its old I/O queues is over: they go anyway (epoch).
+            s.resetting = false;
             if sizes_ok {
                 s.csts.rdy = true;
                 s.csts.shst = ShutdownStatus::Normal;
@@ -241,9 +313,21 @@ impl Controller {
                 s.csts.cfs = true;
             }
         } else if !cc.en && was.en {
-            // Controller reset: not ready, fatal status cleared.
-            s.csts.rdy = false;
+            // Controller reset: I/O queues go (a new epoch), outstanding AERs end, and the
+            // controller is not ready once its I/O queues have closed.
+            self.epoch.fetch_add(1, Ordering::AcqRel);
             s.csts.cfs = false;
+            if s.io_qids.is_empty() {
+                s.csts.rdy = false;
+            } else {
+                s.resetting = true;
+            }
+            let aborted: Vec<u16> = s.aer_cids.drain(..).collect();
+            if !aborted.is_empty() {
+                s.aer_aborted.extend(aborted);
+                self.aer_ready.store(true, Ordering::Release);
+            }
+            s.events.clear();
         }
         let shutdown =
             cc.shn != ShutdownNotification::None && was.shn == ShutdownNotification::None;
@@ -291,15 +375,19 @@ impl Controller {
         }
     }
 
-    /// Pair queued events with outstanding AERs: `(cid, dw0)` for each.
-    pub fn take_aer_completions(&self, out: &mut impl FnMut(u16, u32)) {
+    /// Pair queued events with outstanding AERs: `(cid, Some(dw0))` for each, and
+    /// `(cid, None)` for each AER a controller reset aborted.
+    pub fn take_aer_completions(&self, out: &mut impl FnMut(u16, Option<u32>)) {
         if !self.aer_ready.swap(false, Ordering::AcqRel) {
             return;
         }
         let mut s = self.state();
+        for cid in std::mem::take(&mut s.aer_aborted) {
+            out(cid, None);
+        }
         while !s.events.is_empty() && !s.aer_cids.is_empty() {
             if let (Some(e), Some(cid)) = (s.events.pop_front(), s.aer_cids.pop_front()) {
-                out(cid, e.to_dw0());
+                out(cid, Some(e.to_dw0()));
             }
         }
     }
@@ -316,6 +404,59 @@ impl Controller {
         }
         s.aer_cids.push_back(cid);
         Ok(None)
+    }
+
+    /// An Abort for command `cid` of I/O queue `sqid`: queued for the reactor owning that
+    /// queue. False (decline at once) when no such I/O queue is connected.
+    pub fn request_abort(&self, sqid: u16, cid: u16, abort_cid: u16) -> bool {
+        let mut s = self.state();
+        if !s.io_qids.contains(&sqid) {
+            return false;
+        }
+        s.aborts.push(AbortRequest {
+            sqid,
+            cid,
+            abort_cid,
+        });
+        self.aborts_pending.store(true, Ordering::Release);
+        true
+    }
+
+    /// The aborts asked for queue `sqid`: `out(victim cid, abort cid)` for each (one atomic
+    /// load when there is none).
+    pub fn take_aborts(&self, sqid: u16, out: &mut dyn FnMut(u16, u16)) {
+        if !self.aborts_pending.load(Ordering::Acquire) {
+            return;
+        }
+        let mut s = self.state();
+        let mut i = 0;
+        while i < s.aborts.len() {
+            if s.aborts[i].sqid == sqid {
+                let a = s.aborts.swap_remove(i);
+                out(a.cid, a.abort_cid);
+            } else {
+                i += 1;
+            }
+        }
+        if s.aborts.is_empty() {
+            self.aborts_pending.store(false, Ordering::Release);
+        }
+    }
+
+    /// The queue holding an Abort's victim decided: `aborted` or declined.
+    pub fn answer_abort(&self, abort_cid: u16, aborted: bool) {
+        self.state().abort_answers.push((abort_cid, aborted));
+        self.aborts_answered.store(true, Ordering::Release);
+    }
+
+    /// Answers for the admin queue: `out(abort cid, aborted)` for each.
+    pub fn take_abort_answers(&self, out: &mut dyn FnMut(u16, bool)) {
+        if !self.aborts_answered.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        for (cid, aborted) in std::mem::take(&mut self.state().abort_answers) {
+            out(cid, aborted);
+        }
     }
 
     /// Log a failed command in the error log.

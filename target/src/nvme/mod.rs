@@ -26,7 +26,9 @@
 //!    Last Segment list of up to MSDBD keyed descriptors). `Err(status)`: answer with it.
 //!    The transport gets buffers and, for [`Direction::HostToController`], RDMA READs the
 //!    host's data in first.
-//! 2. `q.execute(&mut io, &sqe, &mut IoBuf::new(&mut segments), tag, now)` returns
+//! 2. `q.execute(&mut io, &sqe, &mut IoBuf::new(&mut segments), tag, Instant::now)`
+//!    (the clock is read only by the commands that use it: Connect, Keep Alive, Set
+//!    Features; never on the I/O path) returns
 //!    - [`Exec::Done`]`(cqe)`: for [`Direction::ControllerToHost`] RDMA WRITE the buffer
 //!      (the SGL's length; the command filled all of it) then SEND the CQE;
 //!    - [`Exec::Pending`]: the buffers stay lent (see [`crate::bdev::IoBuf`]) until the

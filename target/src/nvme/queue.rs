@@ -40,6 +40,9 @@ pub enum QueueState {
         qid: u16,
         /// SQSIZE + 1.
         depth: u32,
+        /// The controller's reset epoch when this queue connected: an I/O queue of an older
+        /// epoch was reset away and must go.
+        epoch: u32,
     },
     /// Disconnected; the transport should drop the qpair.
     Closed,
@@ -60,6 +63,8 @@ pub struct Queue {
     pub(super) ns_generation: u64,
     /// Tags of Asynchronous Event Requests held by the controller, by CID.
     pub(super) aer_tags: Vec<(u16, u64)>,
+    /// Tags of Abort commands waiting for the victim's queue to decide, by CID.
+    pub(super) abort_tags: Vec<(u16, u64)>,
     /// Deallocate ranges of the current Dataset Management command (capacity kept).
     pub(super) ranges: Vec<BlockRange>,
 }
@@ -86,6 +91,7 @@ impl Queue {
             ns: Arc::new(NsTable::default()),
             ns_generation: u64::MAX,
             aer_tags: Vec::new(),
+            abort_tags: Vec::new(),
             ranges: Vec::with_capacity(nvmf_protocol::nvm::DSM_MAX_RANGES),
         }
     }
@@ -126,8 +132,33 @@ impl Queue {
     pub fn should_disconnect(&self) -> bool {
         match &self.state {
             QueueState::Closed => true,
-            QueueState::Bound { controller, .. } => controller.is_defunct(),
+            QueueState::Bound {
+                controller,
+                qid,
+                epoch,
+                ..
+            } => controller.is_defunct() || (*qid != 0 && controller.epoch() != *epoch),
             QueueState::Unbound => false,
+        }
+    }
+
+    /// Abort commands aimed at this I/O queue: `out(victim cid, abort cid)` for each; the
+    /// transport answers each with [`Queue::answer_abort`]. Control path (a timer).
+    pub fn take_aborts(&self, out: &mut dyn FnMut(u16, u16)) {
+        if let QueueState::Bound {
+            controller, qid, ..
+        } = &self.state
+        {
+            if *qid != 0 {
+                controller.take_aborts(*qid, out);
+            }
+        }
+    }
+
+    /// The transport aborted the victim of Abort `abort_cid` (it had not started), or not.
+    pub fn answer_abort(&self, abort_cid: u16, aborted: bool) {
+        if let Some(c) = self.controller() {
+            c.answer_abort(abort_cid, aborted);
         }
     }
 
@@ -144,7 +175,7 @@ impl Queue {
         sqe: &Sqe,
         data: &mut IoBuf<'_, '_>,
         tag: u64,
-        now: Instant,
+        now: impl FnOnce() -> Instant,
     ) -> Exec {
         // SQHD advances for every command fetched (0's based SQSIZE wraps it).
         if let QueueState::Bound { depth, .. } = &self.state {
@@ -153,7 +184,7 @@ impl Queue {
         let exec = match self.state.clone() {
             QueueState::Unbound => {
                 if sqe.is_fabrics() && sqe.fctype() == FabricsType::Connect {
-                    self.connect(sqe, data, now)
+                    self.connect(sqe, data, now())
                 } else {
                     // Nothing but Connect before the queue is bound.
                     Exec::Done(self.error(sqe, SEQUENCE_ERROR))
@@ -161,9 +192,15 @@ impl Queue {
             }
             QueueState::Closed => Exec::Done(self.error(sqe, SEQUENCE_ERROR)),
             QueueState::Bound {
-                controller, qid, ..
+                controller,
+                qid,
+                epoch,
+                ..
             } => {
-                if sqe.is_fabrics() {
+                if qid != 0 && controller.epoch() != epoch {
+                    // Its controller was reset: this queue is on its way out.
+                    Exec::Done(self.error(sqe, ABORTED_SQ_DELETION))
+                } else if sqe.is_fabrics() {
                     self.fabrics(io, &controller, qid, sqe)
                 } else if qid == 0 {
                     self.counters.other();
@@ -197,18 +234,35 @@ impl Queue {
         cqe
     }
 
-    /// Outstanding Asynchronous Event Requests answered by an event: `out(tag, cqe)`.
+    /// Outstanding Asynchronous Event Requests answered by an event, and Abort commands
+    /// answered by their victim's queue: `out(tag, cqe)`.
     pub fn poll_events(&mut self, out: &mut dyn FnMut(u64, Cqe)) -> usize {
         let Some(c) = self.controller().cloned() else {
             return 0;
         };
         let mut n = 0;
         let sqhd = self.sqhd;
+        let tags = &mut self.abort_tags;
+        c.take_abort_answers(&mut |cid, aborted| {
+            if let Some(i) = tags.iter().position(|(c, _)| *c == cid) {
+                let (_, tag) = tags.swap_remove(i);
+                // DW0 bit 0: 0 = aborted, 1 = not aborted.
+                out(tag, Cqe::success(cid, 0, sqhd, u64::from(!aborted)));
+                n += 1;
+            }
+        });
         let tags = &mut self.aer_tags;
         c.take_aer_completions(&mut |cid, dw0| {
             if let Some(i) = tags.iter().position(|(c, _)| *c == cid) {
                 let (_, tag) = tags.swap_remove(i);
-                out(tag, Cqe::success(cid, 0, sqhd, u64::from(dw0)));
+                out(
+                    tag,
+                    match dw0 {
+                        Some(dw0) => Cqe::success(cid, 0, sqhd, u64::from(dw0)),
+                        // A controller reset ended it.
+                        None => Cqe::error(cid, 0, sqhd, ABORTED_SQ_DELETION),
+                    },
+                );
                 n += 1;
             }
         });
@@ -298,7 +352,7 @@ impl Queue {
         if cmd.sqsize == 0 || depth > max_depth || depth > self.transport_depth {
             return self.invalid(sqe, ConnectInvalidParameter::SQSIZE);
         }
-        let controller = if cmd.qid == 0 {
+        let (controller, epoch) = if cmd.qid == 0 {
             if cd.cntlid != CNTLID_DYNAMIC {
                 // Only the dynamic controller model.
                 return self.invalid(sqe, ConnectInvalidParameter::CNTLID);
@@ -310,7 +364,8 @@ impl Queue {
                 return self.connect_error(sqe, CONNECT_CONTROLLER_BUSY, None);
             };
             tracing::info!(cntlid = c.cntlid, subsystem = %subnqn, host = %hostnqn, kato_ms = cmd.kato, "controller created");
-            c
+            let epoch = c.epoch();
+            (c, epoch)
         } else {
             if discovery {
                 return self.invalid(sqe, ConnectInvalidParameter::QID);
@@ -327,7 +382,7 @@ impl Queue {
             }
             {
                 let mut s = c.state();
-                if !s.csts.rdy {
+                if !s.cc.en || !s.csts.rdy {
                     drop(s);
                     return self.connect_error(sqe, SEQUENCE_ERROR, None);
                 }
@@ -337,11 +392,15 @@ impl Queue {
                     return self.invalid(sqe, ConnectInvalidParameter::QID);
                 }
                 s.io_qids.push(cmd.qid);
+                // Read under the state lock, which a reset holds while it moves the epoch on.
+                let epoch = c.epoch();
+                drop(s);
+                (c, epoch)
             }
-            c
         };
         controller.add_counters(self.counters.clone());
         self.state = QueueState::Bound {
+            epoch,
             controller: controller.clone(),
             qid: cmd.qid,
             depth,
@@ -433,7 +492,7 @@ impl Queue {
                 self.target
                     .remove_controller(controller.cntlid, "admin queue disconnected");
             } else {
-                controller.state().io_qids.retain(|q| *q != qid);
+                controller.io_queue_closed(qid);
             }
         }
     }

@@ -36,6 +36,8 @@ pub const COMPARE_FAILURE: Status = Status::new(nvmf_protocol::StatusCode::Media
     MediaStatus::CompareFailure,
 ))
 .with_dnr();
+/// Command Abort Requested (the victim of an Abort command).
+pub const ABORTED_BY_REQUEST: Status = Status::generic(GenericStatus::AbortRequested);
 /// Command Aborted due to SQ Deletion (outstanding AERs when the controller goes away).
 pub const ABORTED_SQ_DELETION: Status = Status::generic(GenericStatus::AbortedSqDeletion);
 

@@ -98,7 +98,7 @@ impl Host {
         let tag = u64::from(sqe.cid) + 1000;
         let mut segs = [data];
         let mut buf = IoBuf::new(&mut segs);
-        match q.execute(&mut self.io, &sqe, &mut buf, tag, self.now) {
+        match q.execute(&mut self.io, &sqe, &mut buf, tag, || self.now) {
             Exec::Done(cqe) => {
                 assert_eq!(cqe.cid, sqe.cid);
                 cqe
@@ -342,6 +342,17 @@ fn bring_up_identify_features_and_io() {
         generic(&h.exec(&mut aq, admin_cmd(0x06, 9, 3, 0), &mut page)),
         Some(GenericStatus::InvalidNamespaceOrFormat)
     );
+    // NSID FFFFFFFFh (capabilities common to all namespaces) needs Namespace Management,
+    // which this controller lacks (OACS bit 3 clear): Invalid Namespace or Format.
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x06, 0xFFFF_FFFF, 0, 0), &mut page)),
+        Some(GenericStatus::InvalidNamespaceOrFormat)
+    );
+    let mut raw = vec![0u8; 4096];
+    h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut raw);
+    let id = IdentifyController::decode(&raw).unwrap();
+    assert_eq!(id.oacs & (1 << 3), 0, "no Namespace Management");
+    assert_eq!(id.lpa & 1, 0, "no per-namespace SMART");
 
     // Features.
     let nq = h.exec(&mut aq, admin_cmd(0x09, 0, 0x07, (3 << 16) | 3), &mut []);
@@ -505,6 +516,23 @@ fn bring_up_identify_features_and_io() {
     let e = nvmf_protocol::log::ErrorLogEntry::decode(&errors).unwrap();
     assert_eq!(e.sqid, 1);
     assert_eq!(e.opcode, 0x05);
+
+    // NSID 0 asks for the controller's log too; a namespace's NSID is Invalid Field (no
+    // per-namespace SMART: LPA bit 0 clear), for an active namespace as for any other.
+    let mut by_zero = vec![0u8; 512];
+    let mut zero = get_log(0x02, 512, 0);
+    zero.nsid = 0;
+    assert!(h.exec(&mut aq, zero, &mut by_zero).status.is_success());
+    assert!(by_zero == smart);
+    for nsid in [1, 2, 9] {
+        let mut per_ns = get_log(0x02, 512, 0);
+        per_ns.nsid = nsid;
+        assert_eq!(
+            generic(&h.exec(&mut aq, per_ns, &mut vec![0u8; 512])),
+            Some(GenericStatus::InvalidField),
+            "SMART for NSID {nsid}"
+        );
+    }
 
     // Disconnect of the I/O queue; shutdown of the controller.
     let disc = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);
@@ -854,7 +882,7 @@ fn async_event_on_namespace_change() {
     let mut none: [&mut [u8]; 0] = [];
     let mut buf = IoBuf::new(&mut none);
     assert_eq!(
-        aq.execute(&mut h.io, &aer, &mut buf, 4242, h.now),
+        aq.execute(&mut h.io, &aer, &mut buf, 4242, || h.now),
         Exec::Pending
     );
     assert_eq!(aq.poll_events(&mut |_, _| panic!("no event yet")), 0);
@@ -897,7 +925,7 @@ fn async_event_on_namespace_change() {
     // Reading log 0x04 re-armed the notice, so the removal's event waits and the next AER
     // completes at once with it.
     aer.cid = 99;
-    match aq.execute(&mut h.io, &aer, &mut buf, 1, h.now) {
+    match aq.execute(&mut h.io, &aer, &mut buf, 1, || h.now) {
         Exec::Done(c) => assert_eq!(
             nvmf_protocol::admin::AsyncEvent::from_dw0(c.dw0).log_page,
             0x04
@@ -908,13 +936,13 @@ fn async_event_on_namespace_change() {
     for i in 0..=AERL {
         aer.cid = 100 + u16::from(i);
         assert_eq!(
-            aq.execute(&mut h.io, &aer, &mut buf, 1, h.now),
+            aq.execute(&mut h.io, &aer, &mut buf, 1, || h.now),
             Exec::Pending,
             "aer {i}"
         );
     }
     aer.cid = 200;
-    match aq.execute(&mut h.io, &aer, &mut buf, 1, h.now) {
+    match aq.execute(&mut h.io, &aer, &mut buf, 1, || h.now) {
         Exec::Done(c) => assert_eq!(
             c.status.code,
             StatusCode::CommandSpecific(CommandSpecificStatus::AsyncEventRequestLimitExceeded)
@@ -1087,7 +1115,10 @@ fn file_namespace_completes_by_polling() {
     let mut segs = [&mut data[..]];
     let mut buf = IoBuf::new(&mut segs);
     let w = rw(0x01, 1, 3, 2);
-    assert_eq!(q.execute(&mut h.io, &w, &mut buf, 99, h.now), Exec::Pending);
+    assert_eq!(
+        q.execute(&mut h.io, &w, &mut buf, 99, || h.now),
+        Exec::Pending
+    );
     assert_eq!(h.io.in_flight(), 1);
     assert_eq!(q.counters().snapshot().in_flight, 1);
     let mut done = None;
@@ -1218,7 +1249,7 @@ mod fuzz {
                 let mut data = vec![fill; data_len];
                 let mut segs = [&mut data[..]];
                 let mut buf = IoBuf::new(&mut segs);
-                if let Exec::Done(c) = queue.execute(&mut h.io, &sqe, &mut buf, 1, h.now) {
+                if let Exec::Done(c) = queue.execute(&mut h.io, &sqe, &mut buf, 1, || h.now) {
                     prop_assert_eq!(c.cid, sqe.cid);
                 }
                 while h.io.in_flight() > 0 {

@@ -12,6 +12,7 @@ use nvmf_protocol::cm::{RdmaReject, RejectStatus};
 use nvmf_transport::pollgroup::{AddQpairError, Handler, PollGroup, QpairEvent, ReqId, WrKind};
 use nvmf_transport::{AsyncEventKind, CmEventKind, CmId, ConnParam, WcStatus};
 
+use super::group_stats::GroupSnapshot;
 use super::link::{Control, GroupLink};
 
 /// Which group a handler serves.
@@ -117,6 +118,10 @@ impl<R: Default, H: Handler<R>> GroupPoller<R, H> {
     }
     pub fn handler_mut(&mut self) -> &mut H {
         &mut self.handler
+    }
+    /// This group's figures (queue occupancy, receive slots, error counters).
+    pub fn snapshot(&self) -> GroupSnapshot {
+        GroupSnapshot::of(self.info, &self.pg)
     }
     /// Qpairs of this group that came through the CM, by token.
     pub fn connections(&self) -> impl Iterator<Item = (u64, u32)> + '_ {

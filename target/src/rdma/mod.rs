@@ -9,6 +9,7 @@
 //!   request checks, placement, and routing of events as messages.
 //! - `connect.rs`: the accept/reject decision on NVMe-oF connect private data.
 //! - `link.rs`: what reactors report back to the acceptor.
+//! - `group_stats.rs`: [`GroupSnapshot`], a poll group's figures for the statistics.
 //! - this file: the public face, [`RdmaTransport::start`] / [`RdmaTransport::stop`].
 //!
 //! # Threading
@@ -22,6 +23,7 @@
 mod acceptor;
 mod connect;
 mod group_poller;
+mod group_stats;
 mod link;
 
 use std::marker::PhantomData;
@@ -38,6 +40,7 @@ use nvmf_transport::{CmChannel, Context, TransportError};
 pub use acceptor::AcceptorStats;
 pub use connect::{ConnectLimits, Grant, decide};
 pub use group_poller::{GroupInfo, GroupPoller};
+pub use group_stats::{DataBuffers, GroupCounters, GroupSnapshot, RecvSlots, Requests};
 pub use nvmf_transport::pollgroup::{PlacementPolicy, PollGroupConfig};
 
 use acceptor::{Acceptor, Counters, DeviceSlot, GroupRef, LISTENER_BIT};
@@ -45,6 +48,8 @@ use link::{Control, GroupLink};
 
 /// How often each group's handler does its slow work (`Handler::tick`).
 const TICK: Duration = Duration::from_millis(50);
+/// How long a control-path call to a poll group (statistics, inspection) waits for its reactor.
+pub const GROUP_ANSWER: Duration = Duration::from_secs(5);
 
 /// One device the target serves, and the addresses it listens on there.
 #[derive(Clone)]
@@ -289,7 +294,8 @@ where
     }
 
     /// Runs `f` on a group, on its reactor's thread, and waits for the result (control path;
-    /// None when that group does not exist).
+    /// None when that group does not exist; an error when the reactor does not answer within
+    /// [`GROUP_ANSWER`], so a stuck reactor cannot hang the daemon's signal loop).
     pub fn with_group<T, F>(&self, device: usize, reactor: usize, f: F) -> Result<Option<T>>
     where
         T: Send + 'static,
@@ -300,8 +306,30 @@ where
         };
         let pid = g.poller;
         g.reactor
-            .call(move |r| r.poller_mut::<GroupPoller<R, H>>(pid).map(f))
+            .call_timeout(GROUP_ANSWER, move |r| {
+                r.poller_mut::<GroupPoller<R, H>>(pid).map(f)
+            })
             .map_err(|source| RdmaError::Reactor { reactor, source })
+    }
+
+    /// Runs `f` on every group (each on its own reactor, one after the other; control path)
+    /// and returns what each gave with the group it came from, by device then reactor. Groups
+    /// already removed from their reactor are left out; a reactor that cannot take the
+    /// message is an error.
+    pub fn each_group<T, F>(&self, f: F) -> Result<Vec<(GroupInfo, T)>>
+    where
+        T: Send + 'static,
+        F: Fn(&mut GroupPoller<R, H>) -> T + Clone + Send + 'static,
+    {
+        let mut out = Vec::new();
+        for (device, groups) in self.groups.iter().enumerate() {
+            for reactor in 0..groups.len() {
+                if let Some(v) = self.with_group(device, reactor, f.clone())? {
+                    out.push((GroupInfo { device, reactor }, v));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Stops taking connections, drains every qpair (bounded by `timeout`), removes the poll

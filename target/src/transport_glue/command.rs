@@ -5,6 +5,7 @@
 //! New -> NeedBuffer -> ReadingData -> Executing -> Responding -> Completed
 //!  |        |  (keyed host-to-controller data is RDMA READ in ReadingData)   ^
 //!  |        `-- no data to read: straight to Executing                       |
+//!  +-- in-capsule write: straight to Executing, from its receive slot       |
 //!  `-- malformed SGL (status from the plan): straight to Responding ---------'
 //! ```
 //!
@@ -37,7 +38,8 @@ pub enum CommandState {
 #[derive(Debug, Default)]
 pub struct Command {
     state: CommandState,
-    /// The submission queue entry (copied out of the capsule so its slot goes back early).
+    /// The submission queue entry (copied out of the capsule: most commands give their slot
+    /// back once parsed; an in-capsule write keeps it until its block I/O is done).
     pub sqe: Sqe,
     /// The data plan (None before it is made, or when the SGL was refused).
     pub plan: Option<Plan>,
@@ -49,6 +51,11 @@ pub struct Command {
     pub pending_event: bool,
     /// Its qpair went while it was executing: finish when the completion comes back.
     pub orphaned: bool,
+    /// The key of its NVMe queue in the handler (set when the capsule arrives).
+    pub queue: Option<usize>,
+    /// Bytes of its data transfer (RDMA READ in, or WRITE out) posted so far: a transfer too
+    /// large for one chain continues from here when the previous chain completes.
+    pub moved: u32,
 }
 
 impl Command {

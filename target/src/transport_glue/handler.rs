@@ -1,13 +1,23 @@
 //! [`NvmeHandler`]: the poll-group handler of one group, joining the RDMA request path to the
 //! NVMe layer. It owns the group's [`ReactorIo`] (block-device channels and in-flight I/O of
-//! this reactor), the NVMe [`Queue`] of each qpair (by qp_num), the table of pending
+//! this reactor), the NVMe [`Queue`] of each qpair (a slab, reached per command by the
+//! qpair's slot in the poll group and then by the key the command keeps), the table of pending
 //! completions (tag -> request), and the registered memory the 16-byte responses are sent
 //! from. It drives each request through [`CommandState`] (see `command.rs`).
 //!
-//! In-capsule data is copied from the receive slot into the request's data buffers: the slot
-//! goes back to the SRQ as soon as the capsule is parsed and the poll group lends capsule
-//! bytes read-only, while block I/O may hold its data past that (an asynchronous device
-//! writes from it after `submit` returns).
+//! In-capsule write data is used in place, as SPDK does: the command executes straight from
+//! its receive slot (no data buffer, no copy) and the slot stays the request's, off the SRQ,
+//! until its block I/O is done: it goes back when the response is built (the device finished
+//! with the data) or when the request is finished (an orphan whose qpair went, once its block
+//! I/O completes). An asynchronous device (io_uring) reads the slot after `submit` returns,
+//! so nothing may re-post it earlier. Other commands give their slot back once parsed.
+//!
+//! Slots so held are bounded: each belongs to a command the host has outstanding (at most
+//! its queue depth per qpair, and at most `max_requests` request objects per group), exactly
+//! as a capsule waiting for a request object holds its slot; no slot waits on anything but
+//! its own block I/O, so a slow device delays receives but cannot deadlock them. Size
+//! `srq_depth` for the queues expected to be full at once (at least `max_queue_depth`, which
+//! the configuration checks).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -24,8 +34,8 @@ use nvmf_transport::{Access, Mr, SendOp, Sge, WcStatus};
 use slab::Slab;
 
 use crate::bdev::IoBuf;
-use crate::nvme::status::INTERNAL_ERROR;
-use crate::nvme::xfer::{self, Keyed, Placement};
+use crate::nvme::status::{ABORTED_BY_REQUEST, INTERNAL_ERROR};
+use crate::nvme::xfer::{self, Keyed, Placement, Plan};
 use crate::nvme::{Direction, Exec, Queue, QueueState, ReactorIo, Target};
 
 use super::command::{Command, CommandState};
@@ -38,9 +48,15 @@ const RESPONSE_SIZE: usize = 16;
 /// whose connection manager is not ordered with the data path (the soft TCP fabric).
 const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
 
+/// `by_qpair` entry of a qpair slot with no queue.
+const NO_QUEUE: usize = usize::MAX;
+
 /// The NVMe side of one qpair.
 struct QueueSlot {
     queue: Queue,
+    qp_num: u32,
+    /// The qpair's slot in the poll group (`Request::qpair_index`).
+    qpair_index: u32,
     /// Block-device I/O of this queue in flight (the queue is dropped after the last).
     in_flight: u32,
     /// The qpair is gone: drop the queue when `in_flight` reaches 0.
@@ -55,7 +71,13 @@ struct QueueSlot {
 pub struct NvmeHandler {
     target: Arc<Target>,
     io: ReactorIo,
-    queues: HashMap<u32, QueueSlot>,
+    /// NVMe queues; a command keeps its queue's key (`Command::queue`).
+    queues: Slab<QueueSlot>,
+    /// Qpair slot in the poll group -> queue key (NO_QUEUE): the per-capsule way in, sized to
+    /// the group's max_qpairs.
+    by_qpair: Vec<usize>,
+    /// qp_num -> queue key of live qpairs, for qpair events (control path).
+    by_qp_num: HashMap<u32, usize>,
     /// Pending completions: tag -> request.
     pending: Slab<ReqId>,
     /// One response slot per request object, by request index (registered on first use, on
@@ -64,6 +86,8 @@ pub struct NvmeHandler {
     disconnects: Vec<u32>,
     /// Completions reaped in one poll (capacity kept).
     completions: Vec<(u64, Cqe)>,
+    /// Abort requests taken on a tick: (victim's queue key, victim cid, Abort cid).
+    aborts: Vec<(usize, u16, u16)>,
 }
 
 impl NvmeHandler {
@@ -72,11 +96,14 @@ impl NvmeHandler {
         NvmeHandler {
             target,
             io,
-            queues: HashMap::new(),
+            queues: Slab::new(),
+            by_qpair: Vec::new(),
+            by_qp_num: HashMap::new(),
             pending: Slab::new(),
             responses: None,
             disconnects: Vec::new(),
             completions: Vec::new(),
+            aborts: Vec::new(),
         }
     }
 
@@ -95,9 +122,22 @@ impl NvmeHandler {
         self.pending.len()
     }
 
-    fn ensure_queue(&mut self, pg: &mut PollGroup<Command>, qp_num: u32) {
-        if self.queues.contains_key(&qp_num) {
-            return;
+    /// The key of the queue of qpair `qp_num` (slot `index` in the group), created on first
+    /// use (qpair Active, or its first capsule).
+    fn ensure_queue(&mut self, pg: &mut PollGroup<Command>, qp_num: u32, index: u32) -> usize {
+        if self.by_qpair.is_empty() {
+            // Sized once: no growth on the I/O path.
+            let n = pg.config().max_requests as usize;
+            self.by_qpair = vec![NO_QUEUE; pg.config().max_qpairs as usize];
+            self.pending.reserve(n);
+            self.completions.reserve(n);
+        }
+        if let Some(&key) = self
+            .by_qpair
+            .get(index as usize)
+            .filter(|k| **k != NO_QUEUE)
+        {
+            return key;
         }
         let depth = pg
             .qpair_depth(qp_num)
@@ -109,22 +149,25 @@ impl NvmeHandler {
             .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
         let queue = Queue::new(self.target.clone(), &mut self.io, listener, depth);
         tracing::debug!(qp_num, %listener, depth, "NVMe queue created");
-        self.queues.insert(
+        let key = self.queues.insert(QueueSlot {
+            queue,
             qp_num,
-            QueueSlot {
-                queue,
-                in_flight: 0,
-                gone: false,
-                disconnecting: false,
-                disconnect_at: None,
-            },
-        );
-        if self.pending.capacity() == 0 {
-            // Sized once: no growth on the I/O path.
-            let n = pg.config().max_requests as usize;
-            self.pending.reserve(n);
-            self.completions.reserve(n);
+            qpair_index: index,
+            in_flight: 0,
+            gone: false,
+            disconnecting: false,
+            disconnect_at: None,
+        });
+        if let Some(k) = self.by_qpair.get_mut(index as usize) {
+            *k = key;
         }
+        self.by_qp_num.insert(qp_num, key);
+        key
+    }
+
+    /// The queue key `req` was given with its capsule.
+    fn queue_of(pg: &PollGroup<Command>, req: ReqId) -> Option<usize> {
+        pg.request(req).and_then(|r| r.user.queue)
     }
 
     fn enter(pg: &mut PollGroup<Command>, req: ReqId, next: CommandState) {
@@ -157,12 +200,7 @@ impl NvmeHandler {
             Ok(p) => p,
             Err(status) => {
                 pg.release_capsule(req);
-                let Some(slot) = self.queues.get_mut(&qp_num) else {
-                    Self::finish(pg, req);
-                    return;
-                };
-                let cqe = slot.queue.reject(&sqe, status);
-                self.respond(pg, req, cqe);
+                self.fail(pg, req, status);
                 return;
             }
         };
@@ -174,6 +212,11 @@ impl NvmeHandler {
             self.execute(pg, req);
             return;
         }
+        if in_capsule_write(&plan).is_some() {
+            // Executed from the receive slot: no buffer; the slot is released with the answer.
+            self.execute(pg, req);
+            return;
+        }
         Self::enter(pg, req, CommandState::NeedBuffer);
         match pg.alloc_buffers(req, plan.length) {
             Ok(BufferGrant::Ready) => self.have_buffers(pg, req),
@@ -181,21 +224,15 @@ impl NvmeHandler {
             Err(e) => {
                 tracing::warn!(qp_num, error = %e, "no buffers for a command");
                 pg.release_capsule(req);
-                self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                self.fail(pg, req, INTERNAL_ERROR);
             }
         }
     }
 
     /// Answers `req` with `status`, nothing executed.
-    fn fail(
-        &mut self,
-        pg: &mut PollGroup<Command>,
-        req: ReqId,
-        qp_num: u32,
-        status: nvmf_protocol::Status,
-    ) {
+    fn fail(&mut self, pg: &mut PollGroup<Command>, req: ReqId, status: nvmf_protocol::Status) {
         let sqe = pg.request(req).map(|r| r.user.sqe).unwrap_or_default();
-        match self.queues.get_mut(&qp_num) {
+        match Self::queue_of(pg, req).and_then(|k| self.queues.get_mut(k)) {
             Some(slot) => {
                 let cqe = slot.queue.reject(&sqe, status);
                 self.respond(pg, req, cqe);
@@ -214,23 +251,15 @@ impl NvmeHandler {
             return;
         };
         match (plan.direction, plan.placement) {
-            (Direction::HostToController, Placement::InCapsule { offset, length }) => {
-                let at = SQE_SIZE + offset as usize;
-                let copied = pg.capsule_to_buffers(req, at, length as usize);
-                pg.release_capsule(req);
-                if copied != length as usize {
-                    self.fail(pg, req, qp_num, INTERNAL_ERROR);
-                    return;
-                }
-                self.execute(pg, req);
-            }
             (Direction::HostToController, Placement::Keyed { list, count }) => {
                 pg.release_capsule(req);
                 Self::enter(pg, req, CommandState::ReadingData);
-                let posted = self.post_transfer(pg, req, plan.length, &list[..count], None);
-                if let Err(e) = posted {
+                if let Some(r) = pg.request_mut(req) {
+                    r.user.moved = 0;
+                }
+                if let Err(e) = self.post_next(pg, req, plan.length, &list[..count], None) {
                     tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
-                    self.fail(pg, req, qp_num, INTERNAL_ERROR);
+                    self.fail(pg, req, INTERNAL_ERROR);
                 }
             }
             _ => {
@@ -240,9 +269,12 @@ impl NvmeHandler {
         }
     }
 
-    /// Posts one RDMA READ (no `send`) or WRITE (with the response `send`) per keyed
-    /// descriptor over the request's buffers, and the response SEND last when given.
-    fn post_transfer(
+    /// Posts the next chain of a transfer: RDMA READs (no `send`) or WRITEs (with the
+    /// response `send`) of the keyed descriptors, from where the last chain stopped
+    /// (`Command::moved`), as much as one chain holds; the response SEND goes last in the chain
+    /// that ends the transfer. A transfer that needs more SGEs or work requests than a chain
+    /// holds takes several chains, each posted when the one before it completed.
+    fn post_next(
         &mut self,
         pg: &mut PollGroup<Command>,
         req: ReqId,
@@ -250,46 +282,53 @@ impl NvmeHandler {
         keyed: &[Keyed],
         send: Option<(SendOp, Sge)>,
     ) -> Result<(), String> {
+        let from = pg.request(req).map_or(0, |r| r.user.moved);
         let mut units = [Sge::default(); MAX_REQUEST_BUFFERS];
         let nunits = pg.buffer_sges(req, length, &mut units);
-        let mut pieces = [Sge::default(); MAX_CHAIN_SGES];
-        let mut ranges = [(0usize, 0usize); MAX_CHAIN_WRS];
-        let mut used = 0usize;
-        let mut offset = 0u32;
-        for (i, k) in keyed.iter().enumerate() {
-            let n = sges::slice(&units[..nunits], offset, k.length, &mut pieces[used..])
-                .ok_or("the transfer needs more SGEs than a chain holds")?;
-            ranges[i] = (used, used + n);
-            used += n;
-            offset += k.length;
+        let mut lengths = [0u32; xfer::MAX_KEYED];
+        for (l, k) in lengths.iter_mut().zip(keyed) {
+            *l = k.length;
         }
+        // Room for the response SEND and its SGE is kept in every chain.
+        let mut pieces = [Sge::default(); MAX_CHAIN_SGES - 1];
+        let mut cuts = [sges::Cut::default(); MAX_CHAIN_WRS - 1];
+        let (nwrs, _, end) = sges::next_chain(
+            &units[..nunits],
+            &lengths[..keyed.len()],
+            from,
+            &mut pieces,
+            &mut cuts,
+        )
+        .ok_or("the data buffers do not cover the transfer")?;
         let mut send_sge = [Sge::default(); 1];
         let mut chain = [ChainWr {
             op: SendOp::Send,
             sges: &[],
             inline: false,
         }; MAX_CHAIN_WRS];
-        let mut len = 0;
-        for (i, k) in keyed.iter().enumerate() {
+        for (wr, cut) in chain.iter_mut().zip(&cuts[..nwrs]) {
+            let k = &keyed[cut.keyed];
+            let remote_addr = k.address + u64::from(cut.remote_offset);
             let op = if send.is_some() {
                 SendOp::RdmaWrite {
-                    remote_addr: k.address,
+                    remote_addr,
                     rkey: k.key,
                 }
             } else {
                 SendOp::RdmaRead {
-                    remote_addr: k.address,
+                    remote_addr,
                     rkey: k.key,
                 }
             };
-            chain[len] = ChainWr {
+            *wr = ChainWr {
                 op,
-                sges: &pieces[ranges[i].0..ranges[i].1],
+                sges: &pieces[cut.sges.0..cut.sges.1],
                 inline: false,
             };
-            len += 1;
         }
-        if let Some((op, sge)) = send {
+        let mut len = nwrs;
+        let last = end == length;
+        if let (Some((op, sge)), true) = (send, last) {
             send_sge[0] = sge;
             chain[len] = ChainWr {
                 op,
@@ -298,7 +337,10 @@ impl NvmeHandler {
             };
             len += 1;
         }
-        let answers = send.is_some();
+        if let Some(r) = pg.request_mut(req) {
+            r.user.moved = end;
+        }
+        let answers = send.is_some() && last;
         pg.post_chain(req, &chain[..len], answers)
             .map_err(|e| e.to_string())
     }
@@ -308,28 +350,47 @@ impl NvmeHandler {
         let Some(r) = pg.request(req) else {
             return;
         };
-        let qp_num = r.qp_num();
-        let (sqe, length) = (r.user.sqe, r.user.plan.map_or(0, |p| p.length));
+        let (sqe, plan) = (r.user.sqe, r.user.plan);
+        let length = plan.map_or(0, |p| p.length);
+        // In-capsule write data: bytes `at..end` of the capsule, used in place.
+        let in_capsule = plan.as_ref().and_then(in_capsule_write);
+        if let Some((_, end)) = in_capsule {
+            if pg.capsule(req).len() < end {
+                // The receive was shorter than the SGL says: the host broke the protocol.
+                pg.release_capsule(req);
+                self.fail(pg, req, INTERNAL_ERROR);
+                return;
+            }
+        }
         Self::enter(pg, req, CommandState::Executing);
-        let Some(slot) = self.queues.get_mut(&qp_num) else {
+        let Some(slot) = Self::queue_of(pg, req).and_then(|k| self.queues.get_mut(k)) else {
             Self::finish(pg, req);
             return;
         };
-        let event =
-            slot.queue.qid() == Some(0) && sqe.opcode == AdminOpcode::AsyncEventRequest.raw();
+        // Answered by an event, not by block I/O: an AER, or an Abort waiting for its
+        // victim's queue to decide.
+        let event = slot.queue.qid() == Some(0)
+            && (sqe.opcode == AdminOpcode::AsyncEventRequest.raw()
+                || sqe.opcode == AdminOpcode::Abort.raw());
         let entry = self.pending.vacant_entry();
         let tag = entry.key();
         let exec = {
             let mut segs: [&mut [u8]; MAX_REQUEST_BUFFERS] = Default::default();
-            let n = if length > 0 {
-                pg.buffers_mut(req, &mut segs)
-            } else {
-                0
+            let n = match in_capsule {
+                Some((at, end)) => match pg.capsule_mut(req).get_mut(at..end) {
+                    Some(data) => {
+                        segs[0] = data;
+                        1
+                    }
+                    None => 0,
+                },
+                None if length > 0 => pg.buffers_mut(req, &mut segs),
+                None => 0,
             };
             let mut data = IoBuf::new(&mut segs[..n]);
             data.truncate(length as usize);
             slot.queue
-                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now())
+                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now)
         };
         match exec {
             Exec::Done(cqe) => self.respond(pg, req, cqe),
@@ -352,7 +413,9 @@ impl NvmeHandler {
             return;
         };
         let qp_num = r.qp_num();
-        let plan = r.user.plan;
+        // The block device is done with the command's data: an in-capsule write's receive
+        // slot goes back to the SRQ now (no-op for any other command).
+        pg.release_capsule(req);
         if self.responses.is_none() {
             let len = pg.config().max_requests as usize * RESPONSE_SIZE;
             match pg.pd().alloc_mr(len, Access::LOCAL_WRITE) {
@@ -374,10 +437,29 @@ impl NvmeHandler {
             Self::finish(pg, req);
             return;
         }
-        let sge = responses.sge(at, RESPONSE_SIZE as u32);
         if let Some(r) = pg.request_mut(req) {
             r.user.cqe = Some(cqe);
+            r.user.moved = 0;
         }
+        Self::enter(pg, req, CommandState::Responding);
+        self.continue_response(pg, req);
+    }
+
+    /// Posts the next chain of `req`'s response (its CQE is in its response slot): the data
+    /// WRITEs still to go, and the SEND with the last of them.
+    fn continue_response(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
+        let Some(r) = pg.request(req) else {
+            return;
+        };
+        let qp_num = r.qp_num();
+        let (plan, success) = (
+            r.user.plan,
+            r.user.cqe.is_some_and(|c| c.status.is_success()),
+        );
+        let Some(responses) = self.responses.as_ref() else {
+            return;
+        };
+        let sge = responses.sge(req.index() as usize * RESPONSE_SIZE, RESPONSE_SIZE as u32);
         let (keyed, count) = match plan.map(|p| p.placement) {
             Some(Placement::Keyed { list, count }) => (list, count),
             _ => (
@@ -396,14 +478,11 @@ impl NvmeHandler {
             None => SendOp::Send,
         };
         let writes = match plan {
-            Some(p) if p.direction == Direction::ControllerToHost && cqe.status.is_success() => {
-                &keyed[..count]
-            }
+            Some(p) if p.direction == Direction::ControllerToHost && success => &keyed[..count],
             _ => &keyed[..0],
         };
         let length = writes.iter().map(|k| k.length).sum();
-        Self::enter(pg, req, CommandState::Responding);
-        if let Err(e) = self.post_transfer(pg, req, length, writes, Some((send_op, sge))) {
+        if let Err(e) = self.post_next(pg, req, length, writes, Some((send_op, sge))) {
             tracing::warn!(qp_num, error = %e, "posting the response failed");
             Self::finish(pg, req);
             self.disconnects.push(qp_num);
@@ -418,15 +497,17 @@ impl NvmeHandler {
         let Some(r) = pg.request_mut(req) else {
             return;
         };
-        let qp_num = r.qp_num();
-        let (orphaned, event) = (r.user.orphaned, r.user.pending_event);
+        let (orphaned, event, key) = (r.user.orphaned, r.user.pending_event, r.user.queue);
         r.user.pending_tag = None;
-        if !event {
-            if let Some(slot) = self.queues.get_mut(&qp_num) {
+        if let (false, Some(key)) = (event, key) {
+            if let Some(slot) = self.queues.get_mut(key) {
                 slot.in_flight = slot.in_flight.saturating_sub(1);
                 if slot.gone && slot.in_flight == 0 {
-                    self.queues.remove(&qp_num);
-                    tracing::debug!(qp_num, "NVMe queue dropped after its last I/O");
+                    let slot = self.queues.remove(key);
+                    tracing::debug!(
+                        qp_num = slot.qp_num,
+                        "NVMe queue dropped after its last I/O"
+                    );
                 }
             }
         }
@@ -437,32 +518,97 @@ impl NvmeHandler {
         }
     }
 
+    /// Abort commands aimed at this group's I/O queues: a victim that has not started (waiting
+    /// for data buffers, or its RDMA READs waiting for read depth or send-queue room) is
+    /// answered Command Abort Requested, with its buffers and capsule slot going back as for
+    /// any answered command; anything else is declined.
+    fn serve_aborts(&mut self, pg: &mut PollGroup<Command>) {
+        let mut asked = std::mem::take(&mut self.aborts);
+        for (key, slot) in &self.queues {
+            if !slot.gone {
+                slot.queue
+                    .take_aborts(&mut |cid, abort_cid| asked.push((key, cid, abort_cid)));
+            }
+        }
+        for (key, cid, abort_cid) in asked.drain(..) {
+            let Some(qp_num) = self.queues.get(key).map(|s| s.qp_num) else {
+                continue;
+            };
+            let aborted = self.abort_waiting(pg, qp_num, cid);
+            tracing::debug!(qp_num, cid, aborted, "abort");
+            if let Some(slot) = self.queues.get(key) {
+                slot.queue.answer_abort(abort_cid, aborted);
+            }
+        }
+        self.aborts = asked;
+    }
+
+    /// Aborts command `cid` of `qp_num` if it has not started; whether it did.
+    fn abort_waiting(&mut self, pg: &mut PollGroup<Command>, qp_num: u32, cid: u16) -> bool {
+        let victim = pg.requests_of(qp_num).find(|&r| {
+            pg.request(r).is_some_and(|r| {
+                r.user.sqe.cid == cid
+                    && matches!(
+                        r.user.state(),
+                        CommandState::NeedBuffer | CommandState::ReadingData
+                    )
+            })
+        });
+        // READs already on the wire cannot be called back: declined.
+        let Some(req) = victim.filter(|&r| pg.cancel_wait(r)) else {
+            return false;
+        };
+        pg.release_capsule(req);
+        self.fail(pg, req, ABORTED_BY_REQUEST);
+        true
+    }
+
     /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
     /// down, after [`DISCONNECT_GRACE`] when the host sent Disconnect.
-    fn check_disconnect(&mut self, qp_num: u32, now: Instant) {
-        let Some(slot) = self.queues.get_mut(&qp_num) else {
+    fn check_disconnect(&mut self, key: usize) {
+        let Some(slot) = self.queues.get_mut(key) else {
             return;
         };
         if slot.gone || slot.disconnecting || !slot.queue.should_disconnect() {
             return;
         }
         if matches!(slot.queue.state(), QueueState::Closed) {
+            // The clock only here: after a Disconnect command, never per I/O.
+            let now = Instant::now();
             let at = *slot.disconnect_at.get_or_insert(now + DISCONNECT_GRACE);
             if now < at {
                 return;
             }
         }
         slot.disconnecting = true;
-        self.disconnects.push(qp_num);
+        self.disconnects.push(slot.qp_num);
+    }
+}
+
+/// The capsule byte range (from, to) of `plan`'s data when it is host-to-controller data
+/// carried in the capsule (an SGL offset descriptor), used in place.
+fn in_capsule_write(plan: &Plan) -> Option<(usize, usize)> {
+    match (plan.direction, plan.placement) {
+        (Direction::HostToController, Placement::InCapsule { offset, length }) => {
+            let at = SQE_SIZE + offset as usize;
+            Some((at, at + length as usize))
+        }
+        _ => None,
     }
 }
 
 impl Handler<Command> for NvmeHandler {
     fn capsule(&mut self, pg: &mut PollGroup<Command>, req: ReqId) {
-        let Some(qp_num) = pg.request(req).map(|r| r.qp_num()) else {
+        let Some((qp_num, index)) = pg.request(req).map(|r| (r.qp_num(), r.qpair_index())) else {
             return;
         };
-        self.ensure_queue(pg, qp_num);
+        let key = match self.by_qpair.get(index as usize) {
+            Some(&key) if key != NO_QUEUE => key,
+            _ => self.ensure_queue(pg, qp_num, index),
+        };
+        if let Some(r) = pg.request_mut(req) {
+            r.user.queue = Some(key);
+        }
         Self::enter(pg, req, CommandState::New);
         self.start(pg, req, qp_num);
     }
@@ -477,16 +623,45 @@ impl Handler<Command> for NvmeHandler {
         let Some(qp_num) = pg.request(req).map(|r| r.qp_num()) else {
             return;
         };
-        if last == WrKind::Read && status == WcStatus::Success {
-            self.execute(pg, req);
-            return;
+        if status == WcStatus::Success {
+            match last {
+                // The host's data is in, or more of it is to read.
+                WrKind::Read => {
+                    let (moved, plan) = pg
+                        .request(req)
+                        .map_or((0, None), |r| (r.user.moved, r.user.plan));
+                    match plan {
+                        Some(Plan {
+                            length,
+                            placement: Placement::Keyed { list, count },
+                            ..
+                        }) if moved < length => {
+                            if let Err(e) = self.post_next(pg, req, length, &list[..count], None) {
+                                tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
+                                self.fail(pg, req, INTERNAL_ERROR);
+                            }
+                        }
+                        _ => self.execute(pg, req),
+                    }
+                    return;
+                }
+                // A response too large for one chain: its next part.
+                WrKind::Write => {
+                    self.continue_response(pg, req);
+                    return;
+                }
+                _ => {}
+            }
         }
         if status != WcStatus::Success {
             // The qpair drains on the error completion; the request just ends.
             tracing::debug!(qp_num, ?last, ?status, "a request's chain failed");
         }
+        let key = Self::queue_of(pg, req);
         Self::finish(pg, req);
-        self.check_disconnect(qp_num, Instant::now());
+        if let Some(key) = key {
+            self.check_disconnect(key);
+        }
     }
 
     fn qpair_event(
@@ -497,15 +672,27 @@ impl Handler<Command> for NvmeHandler {
         event: QpairEvent,
     ) {
         match event {
-            QpairEvent::Active => self.ensure_queue(pg, qp_num),
+            QpairEvent::Active => {
+                if let Some(index) = pg.qpair_index(qp_num) {
+                    self.ensure_queue(pg, qp_num, index);
+                }
+            }
             QpairEvent::Draining(reason) => {
                 tracing::debug!(qp_num, ?reason, "qpair draining");
             }
             QpairEvent::Gone { forced } => {
-                if let Some(slot) = self.queues.get_mut(&qp_num) {
-                    slot.gone = true;
-                    if slot.in_flight == 0 {
-                        self.queues.remove(&qp_num);
+                if let Some(key) = self.by_qp_num.remove(&qp_num) {
+                    if let Some(slot) = self.queues.get_mut(key) {
+                        slot.gone = true;
+                        // The group may give the slot to a new qpair now.
+                        if let Some(k) = self.by_qpair.get_mut(slot.qpair_index as usize) {
+                            if *k == key {
+                                *k = NO_QUEUE;
+                            }
+                        }
+                        if slot.in_flight == 0 {
+                            self.queues.remove(key);
+                        }
                     }
                 }
                 tracing::debug!(qp_num, forced, "qpair gone");
@@ -548,27 +735,27 @@ impl Handler<Command> for NvmeHandler {
     fn tick(&mut self, pg: &mut PollGroup<Command>) {
         let mut done = std::mem::take(&mut self.completions);
         // Asynchronous Event Requests answered by an event.
-        for slot in self.queues.values_mut() {
+        for (_, slot) in self.queues.iter_mut() {
             if slot.queue.qid() == Some(0) && !slot.gone {
                 slot.queue
                     .poll_events(&mut |tag, cqe| done.push((tag, cqe)));
             }
         }
         // Controllers torn down (keep-alive expiry, admin queue gone) and Disconnect graces.
-        let doomed: Vec<u32> = self
+        let doomed: Vec<usize> = self
             .queues
             .iter()
             .filter(|(_, s)| !s.gone && !s.disconnecting && s.queue.should_disconnect())
-            .map(|(&q, _)| q)
+            .map(|(key, _)| key)
             .collect();
-        let now = Instant::now();
-        for q in doomed {
-            self.check_disconnect(q, now);
+        for key in doomed {
+            self.check_disconnect(key);
         }
         for (tag, cqe) in done.drain(..) {
             self.complete(pg, tag, cqe);
         }
         self.completions = done;
+        self.serve_aborts(pg);
     }
 
     fn busy(&self) -> bool {

@@ -1,62 +1,181 @@
-//! Cutting a request's data buffers (one SGE per io unit, in transfer order) into the SGE
-//! lists of the RDMA READs or WRITEs that move it: one work request per keyed descriptor, each
-//! covering its descriptor's byte range of the transfer, split at io-unit boundaries.
+//! Cutting a request's data buffers (one SGE per io unit, in transfer order) into the RDMA
+//! READs or WRITEs that move it: each keyed descriptor's byte range of the transfer is split
+//! at io-unit boundaries, and into several work requests when it needs more SGEs than one
+//! carries. A transfer whose pieces do not fit one chain is cut into several chains, posted
+//! one after the other ([`next_chain`] from where the last one stopped).
 
 use nvmf_transport::Sge;
+use nvmf_transport::pollgroup::MAX_WR_SGES;
 
-/// The SGEs covering bytes `offset..offset + len` of the transfer laid out by `units`, written
-/// to `out`; returns how many, or None when `out` is too small or `units` too short.
-pub fn slice(units: &[Sge], offset: u32, len: u32, out: &mut [Sge]) -> Option<usize> {
+/// One work request of a chain: part of keyed descriptor `keyed`, starting `remote_offset`
+/// bytes into it, `length` bytes, its SGEs at `sges` of the pieces.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cut {
+    pub keyed: usize,
+    pub remote_offset: u32,
+    pub length: u32,
+    pub sges: (usize, usize),
+}
+
+/// The SGEs covering bytes `offset..` of the transfer laid out by `units`, at most `len`
+/// bytes and at most `out.len()` pieces: (pieces written, bytes covered).
+fn slice(units: &[Sge], offset: u32, len: u32, out: &mut [Sge]) -> (usize, u32) {
     let mut skip = offset;
-    let mut left = len;
+    let mut covered = 0;
     let mut n = 0;
     for unit in units {
-        if left == 0 {
+        if covered == len || n == out.len() {
             break;
         }
         if skip >= unit.length {
             skip -= unit.length;
             continue;
         }
-        let take = (unit.length - skip).min(left);
-        *out.get_mut(n)? = Sge {
+        let take = (unit.length - skip).min(len - covered);
+        out[n] = Sge {
             addr: unit.addr + u64::from(skip),
             length: take,
             lkey: unit.lkey,
         };
         n += 1;
-        left -= take;
+        covered += take;
         skip = 0;
     }
-    (left == 0).then_some(n)
+    (n, covered)
+}
+
+/// The next chain of a transfer over `units` to or from the keyed descriptors of lengths
+/// `keyed` (back to back in transfer order), starting at transfer byte `from`: at most
+/// `wrs.len()` work requests and `pieces.len()` SGEs in all, each work request at most
+/// MAX_WR_SGES. Returns (work requests, SGEs used, the transfer byte it stops at); None when
+/// `units` do not cover the descriptors.
+pub fn next_chain(
+    units: &[Sge],
+    keyed: &[u32],
+    from: u32,
+    pieces: &mut [Sge],
+    wrs: &mut [Cut],
+) -> Option<(usize, usize, u32)> {
+    let (mut nwrs, mut nsges, mut pos) = (0, 0, from);
+    let mut start = 0u32;
+    for (k, &len) in keyed.iter().enumerate() {
+        let end = start + len;
+        while pos < end {
+            if nwrs == wrs.len() || nsges == pieces.len() {
+                return Some((nwrs, nsges, pos));
+            }
+            let room = (pieces.len() - nsges).min(MAX_WR_SGES);
+            let (n, covered) = slice(units, pos, end - pos, &mut pieces[nsges..nsges + room]);
+            if n == 0 {
+                return None;
+            }
+            wrs[nwrs] = Cut {
+                keyed: k,
+                remote_offset: pos - start,
+                length: covered,
+                sges: (nsges, nsges + n),
+            };
+            nwrs += 1;
+            nsges += n;
+            pos += covered;
+        }
+        start = end;
+    }
+    Some((nwrs, nsges, pos))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvmf_transport::pollgroup::{MAX_CHAIN_SGES, MAX_CHAIN_WRS};
 
-    fn unit(addr: u64) -> Sge {
-        Sge {
-            addr,
-            length: 4096,
-            lkey: 7,
+    fn units(n: usize) -> Vec<Sge> {
+        (0..n)
+            .map(|i| Sge {
+                addr: 0x10000 * (i as u64 + 1),
+                length: 4096,
+                lkey: 7,
+            })
+            .collect()
+    }
+
+    /// Cuts a whole transfer into chains as the handler does; checks every limit and that the
+    /// WRs cover each descriptor exactly, in order, with the right buffer bytes.
+    fn cut_all(units: &[Sge], keyed: &[u32]) -> usize {
+        let total: u32 = keyed.iter().sum();
+        let mut from = 0;
+        let mut chains = 0;
+        let mut seen = vec![0u32; keyed.len()];
+        while from < total {
+            let mut pieces = [Sge::default(); MAX_CHAIN_SGES - 1];
+            let mut wrs = [Cut::default(); MAX_CHAIN_WRS - 1];
+            let (nw, ns, end) = next_chain(units, keyed, from, &mut pieces, &mut wrs).unwrap();
+            assert!(end > from, "progress");
+            assert!(
+                ns < MAX_CHAIN_SGES && nw < MAX_CHAIN_WRS,
+                "room kept for the SEND"
+            );
+            let mut at = from;
+            for w in &wrs[..nw] {
+                assert!(w.sges.1 - w.sges.0 <= MAX_WR_SGES);
+                assert_eq!(
+                    w.remote_offset, seen[w.keyed],
+                    "descriptor {} in order",
+                    w.keyed
+                );
+                let bytes: u32 = pieces[w.sges.0..w.sges.1].iter().map(|p| p.length).sum();
+                assert_eq!(bytes, w.length);
+                // The first piece is transfer byte `at` of the units.
+                let unit = &units[(at / 4096) as usize];
+                assert_eq!(pieces[w.sges.0].addr, unit.addr + u64::from(at % 4096));
+                seen[w.keyed] += w.length;
+                at += w.length;
+            }
+            assert_eq!(at, end);
+            from = end;
+            chains += 1;
         }
+        assert_eq!(seen, keyed, "every descriptor covered exactly");
+        chains
     }
 
     #[test]
     fn descriptors_cut_across_units() {
-        let units = [unit(0x10000), unit(0x20000), unit(0x30000)];
-        let mut out = [Sge::default(); 4];
-        // The second of two 6 KiB descriptors: 2 KiB from unit 1, 4 KiB of unit 2.
-        assert_eq!(slice(&units, 6144, 6144, &mut out), Some(2));
-        assert_eq!((out[0].addr, out[0].length), (0x20000 + 2048, 2048));
-        assert_eq!((out[1].addr, out[1].length), (0x30000, 4096));
-        assert_eq!(out[1].lkey, 7);
-        // Within one unit.
-        assert_eq!(slice(&units, 100, 10, &mut out), Some(1));
-        assert_eq!((out[0].addr, out[0].length), (0x10000 + 100, 10));
-        // Past the buffers, or more pieces than room.
-        assert_eq!(slice(&units, 8192, 8192, &mut out), None);
-        assert_eq!(slice(&units, 0, 12288, &mut out[..2]), None);
+        let u = units(3);
+        let mut pieces = [Sge::default(); 4];
+        let mut wrs = [Cut::default(); 4];
+        // Two 6 KiB descriptors: the second is 2 KiB of unit 1 and 4 KiB of unit 2.
+        let (nw, ns, end) = next_chain(&u, &[6144, 6144], 0, &mut pieces, &mut wrs).unwrap();
+        assert_eq!((nw, ns, end), (2, 4, 12288));
+        assert_eq!(wrs[1].sges, (2, 4));
+        assert_eq!((pieces[2].addr, pieces[2].length), (0x20000 + 2048, 2048));
+        assert_eq!((pieces[3].addr, pieces[3].length), (0x30000, 4096));
+        // Past the buffers.
+        assert_eq!(next_chain(&u, &[16384], 0, &mut pieces, &mut wrs), None);
+    }
+
+    #[test]
+    fn one_large_descriptor_takes_several_work_requests() {
+        // 128 KiB in 4 KiB units: 32 SGEs, at most 16 per WR.
+        let u = units(32);
+        let mut pieces = [Sge::default(); MAX_CHAIN_SGES - 1];
+        let mut wrs = [Cut::default(); MAX_CHAIN_WRS - 1];
+        let (nw, _, end) = next_chain(&u, &[131072], 0, &mut pieces, &mut wrs).unwrap();
+        assert_eq!(nw, 2);
+        assert_eq!(wrs[1].remote_offset, 16 * 4096);
+        assert!(end < 131072, "31 SGEs leave one unit for the next chain");
+        assert_eq!(cut_all(&u, &[131072]), 2);
+    }
+
+    #[test]
+    fn many_misaligned_descriptors_take_several_chains() {
+        // 16 descriptors, each ending mid-unit: 32 units + 15 splits = 47 pieces.
+        let u = units(32);
+        let mut keyed = vec![100u32; 15];
+        keyed.push(131072 - 1500);
+        assert!(cut_all(&u, &keyed) >= 2);
+        let even = vec![8192u32; 16];
+        assert_eq!(cut_all(&u, &even), 2);
+        assert_eq!(cut_all(&units(2), &[4096, 4096]), 1);
     }
 }

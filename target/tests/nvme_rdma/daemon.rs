@@ -215,3 +215,128 @@ fn file_namespace_keeps_flushed_data_across_a_restart() {
     let status = stop(daemon);
     assert!(status.success(), "second daemon: {status}");
 }
+
+/// The stats file as it is after SIGUSR1: the first snapshot collected after the signal (its
+/// `signals` count grew; `sequence` alone could name one collected before it and written
+/// after).
+fn fresh_stats(daemon: &Daemon, path: &std::path::Path) -> serde_json::Value {
+    let read =
+        || -> Option<serde_json::Value> { serde_json::from_slice(&std::fs::read(path).ok()?).ok() };
+    let before = read().and_then(|v| v["signals"].as_u64()).unwrap_or(0);
+    let ok = Command::new("kill")
+        .arg("-USR1")
+        .arg(daemon.0.id().to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let mut fresh = None;
+    wait_until("the stats file rewritten after SIGUSR1", || {
+        fresh = read().filter(|v| v["signals"].as_u64() > Some(before));
+        fresh.is_some()
+    });
+    fresh.unwrap()
+}
+
+#[test]
+fn stats_file_shows_qpairs_and_receive_slots_of_every_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    // A second device (another listen IP) on the same two reactors: its groups count too.
+    let other = SocketAddr::from((Ipv4Addr::new(127, 0, 5, 12), addr.port()));
+    let stats = dir.path().join("stats.json");
+    let config = dir.path().join("t.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[reactors]\ncores = [0, 1]\n[transport]\nprovider = \"soft\"\nfabric = \"tcp\"\n\
+             listen = [\"{addr}\", \"{other}\"]\nsrq_depth = 256\ndata_buffers = 256\n\
+             [daemon]\nstats_file = \"{}\"\nstats_interval_ms = 60000\n\
+             [[bdev]]\nname = \"m\"\nkind = \"malloc\"\nsize = 1048576\nblock_size = 512\n\
+             [[subsystem]]\nnqn = \"{SUBNQN}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nnsid = 1\nbdev = \"m\"\n",
+            stats.display()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon(
+        Command::new(env!("CARGO_BIN_EXE_nvmf-tgt"))
+            .arg("--config")
+            .arg(&config)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the daemon listening", || TcpStream::connect(addr).is_ok());
+    wait_until("the daemon listening", || TcpStream::connect(other).is_ok());
+    let _host_device = Context::open(&DeviceSpec::Soft(SoftConfig {
+        name: format!("stats-host{}", std::process::id()),
+        fabric: SoftFabric::Tcp,
+        ip: Ipv4Addr::new(127, 0, 5, 11),
+        ..SoftConfig::default()
+    }))
+    .expect("host soft device");
+
+    // Admin queue on the first device, an I/O queue on the second, I/O done on it.
+    let mut admin = HostQueue::connect(addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect(other, 1, 32);
+    connect(&mut io, 1, cntlid);
+    io.write_data(0, &pattern(0x42, 4096));
+    let c = io.exec(rw(0x01, 0, 8, io.keyed(0, 4096)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+
+    let s = fresh_stats(&daemon, &stats);
+    assert_eq!(s["qpairs"], 2, "{s:#}");
+    let reactors = s["reactors"].as_array().unwrap();
+    assert_eq!(reactors.len(), 2, "{s:#}");
+    let groups: Vec<&serde_json::Value> = reactors
+        .iter()
+        .flat_map(|r| r["groups"].as_array().unwrap())
+        .collect();
+    assert_eq!(groups.len(), 4, "a group per device and reactor: {s:#}");
+    for device in [0, 1] {
+        let q: u64 = groups
+            .iter()
+            .filter(|g| g["device"] == device)
+            .map(|g| g["qpairs"].as_u64().unwrap())
+            .sum();
+        assert_eq!(q, 1, "one qpair on device {device}: {s:#}");
+    }
+    let writes: u64 = reactors
+        .iter()
+        .map(|r| r["io"]["writes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        writes, 1,
+        "the second device's I/O counted per reactor: {s:#}"
+    );
+    for g in &groups {
+        let slots = &g["recv_slots"];
+        assert_eq!(slots["total"], 256, "{g:#}");
+        assert_eq!(slots["held"], 0, "idle: no slot held: {g:#}");
+        assert_eq!(slots["posted"], 256, "idle: every slot on the SRQ: {g:#}");
+        assert_eq!(g["requests"]["in_use"], 0, "{g:#}");
+        assert_eq!(g["counters"]["recv_slot_errors"], 0, "{g:#}");
+    }
+
+    io.disconnect();
+    admin.disconnect();
+    let mut last = serde_json::Value::Null;
+    wait_until("no qpair in the daemon's statistics", || {
+        last = fresh_stats(&daemon, &stats);
+        last["qpairs"] == 0
+    });
+    assert_eq!(last["recv_slots_held"], 0, "{last:#}");
+    let gone: u64 = last["reactors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["groups"].as_array().unwrap())
+        .map(|g| g["counters"]["qpairs_gone"].as_u64().unwrap())
+        .sum();
+    assert_eq!(gone, 2, "{last:#}");
+    let status = stop(daemon);
+    assert!(status.success(), "{status}");
+}

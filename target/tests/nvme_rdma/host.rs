@@ -43,6 +43,8 @@ pub struct HostQueue {
     qp: Qp,
     mr: Mr,
     next_cid: u16,
+    /// Commands sent by `send_tracked` (their response slot rotates).
+    tracked: usize,
     /// The QP failed (a command got no answer).
     pub broken: bool,
 }
@@ -50,6 +52,12 @@ pub struct HostQueue {
 impl HostQueue {
     /// Connects queue `qid` of depth `depth` to `addr`.
     pub fn connect(addr: SocketAddr, qid: u16, depth: u16) -> HostQueue {
+        HostQueue::connect_reads(addr, qid, depth, 16)
+    }
+
+    /// Connects with `reads` as the RDMA READs this host answers at once (responder
+    /// resources): the target's read depth on this queue is at most that.
+    pub fn connect_reads(addr: SocketAddr, qid: u16, depth: u16, reads: u8) -> HostQueue {
         let ch = CmChannel::new(ProviderKind::Soft).expect("CM channel");
         let mut id = ch.resolve(addr, None, patience(), 9).expect("resolve");
         let ctx = id.context().expect("id bound to a device");
@@ -87,7 +95,7 @@ impl HostQueue {
         .to_vec();
         id.connect(&ConnParam {
             private_data,
-            responder_resources: 16,
+            responder_resources: reads,
             initiator_depth: 16,
             retry_count: 7,
             rnr_retry_count: 7,
@@ -111,6 +119,7 @@ impl HostQueue {
             qp,
             mr,
             next_cid: 1,
+            tracked: 0,
             broken: false,
         }
     }
@@ -246,12 +255,18 @@ impl HostQueue {
     }
 
     /// Sends `sqe` (a response receive posted) without waiting for anything.
-    pub fn send_only(&mut self, mut sqe: Sqe) {
+    pub fn send_only(&mut self, sqe: Sqe) {
+        self.send_only_with(sqe, &[]);
+    }
+
+    /// As [`HostQueue::send_only`], with `in_capsule` data after the SQE.
+    pub fn send_only_with(&mut self, mut sqe: Sqe, in_capsule: &[u8]) {
         sqe.cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         self.mr.write_at(CAPSULE_AT, &sqe.to_bytes()).unwrap();
+        self.mr.write_at(CAPSULE_AT + 64, in_capsule).unwrap();
         let recv = self.mr.sge(RESPONSE_AT, 16);
-        let send = self.mr.sge(CAPSULE_AT, 64);
+        let send = self.mr.sge(CAPSULE_AT, 64 + in_capsule.len() as u32);
         self.qp
             .post_recv(&[RecvWr {
                 wr_id: 2,
@@ -266,6 +281,90 @@ impl HostQueue {
                 flags: SendFlags::SIGNALED,
             }])
             .unwrap();
+    }
+
+    /// Sends `sqe` with a receive of its own for the answer (slot `n % 16` of the response
+    /// area): several commands may be outstanding; [`HostQueue::collect`] gathers answers in
+    /// any order. Returns the CID given.
+    pub fn send_tracked(&mut self, mut sqe: Sqe) -> u16 {
+        sqe.cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        let slot = self.tracked % 16;
+        self.tracked = self.tracked.wrapping_add(1);
+        let at = CAPSULE_AT + slot * 128;
+        self.mr.write_at(at, &sqe.to_bytes()).unwrap();
+        let recv = self.mr.sge(RESPONSE_AT + slot * 16, 16);
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: 100 + slot as u64,
+                sges: &[recv],
+            }])
+            .unwrap();
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 300,
+                op: SendOp::Send,
+                sges: &[self.mr.sge(at, 64)],
+                flags: SendFlags::SIGNALED,
+            }])
+            .unwrap();
+        sqe.cid
+    }
+
+    /// As [`HostQueue::send_tracked`], with up to 960 bytes of `in_capsule` data after the SQE
+    /// (capsule slot `n % 16` is 1 KiB of the capsule area here).
+    pub fn send_tracked_with(&mut self, mut sqe: Sqe, in_capsule: &[u8]) -> u16 {
+        assert!(
+            in_capsule.len() <= 960,
+            "a tracked capsule holds 960 data bytes"
+        );
+        sqe.cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        let slot = self.tracked % 16;
+        self.tracked = self.tracked.wrapping_add(1);
+        let at = CAPSULE_AT + slot * 1024;
+        self.mr.write_at(at, &sqe.to_bytes()).unwrap();
+        self.mr.write_at(at + 64, in_capsule).unwrap();
+        let recv = self.mr.sge(RESPONSE_AT + slot * 16, 16);
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: 100 + slot as u64,
+                sges: &[recv],
+            }])
+            .unwrap();
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 300,
+                op: SendOp::Send,
+                sges: &[self.mr.sge(at, 64 + in_capsule.len() as u32)],
+                flags: SendFlags::SIGNALED,
+            }])
+            .unwrap();
+        sqe.cid
+    }
+
+    /// Waits for `n` answers to commands sent by [`HostQueue::send_tracked`], in arrival order.
+    pub fn collect(&mut self, n: usize) -> Vec<Cqe> {
+        let mut out = Vec::new();
+        let mut wcs = [WorkCompletion::default(); 8];
+        let deadline = Instant::now() + patience();
+        while out.len() < n {
+            let got = self.cq.poll(&mut wcs).unwrap();
+            for w in &wcs[..got] {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                if (100..116).contains(&w.wr_id) {
+                    let mut response = [0u8; 16];
+                    let at = RESPONSE_AT + (w.wr_id - 100) as usize * 16;
+                    self.mr.read_at(at, &mut response).unwrap();
+                    out.push(Cqe::decode(&response).unwrap());
+                }
+            }
+            assert!(Instant::now() < deadline, "{} of {n} answered", out.len());
+            if got == 0 {
+                std::thread::yield_now();
+            }
+        }
+        out
     }
 
     /// The CID given to the last command sent.

@@ -10,6 +10,7 @@ mod commands;
 mod daemon;
 mod gate;
 mod host;
+mod in_capsule;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -40,6 +41,8 @@ const BLOCK: u32 = 512;
 const BLOCKS: u64 = 2048;
 const REACTORS: usize = 2;
 const BUFFERS: u32 = 128;
+/// Receive slots per group.
+const SRQ_DEPTH: u32 = 128;
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
 
@@ -57,12 +60,20 @@ struct Rig {
 
 impl Rig {
     fn new(fabric: SoftFabric) -> Rig {
+        Rig::with_group(fabric, |_| {})
+    }
+
+    /// A rig whose poll-group configuration `adjust` changes first.
+    fn with_group(fabric: SoftFabric, adjust: impl FnOnce(&mut PollGroupConfig)) -> Rig {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        // One address per rig, in-process and TCP rigs in separate ranges: soft devices are
+        // found by address, so two live rigs must never share one (with more than 20 rigs an
+        // offset of 20 between the ranges made them collide).
         let ip = Ipv4Addr::new(
             127,
             0,
-            3,
-            2 + (n % 250) as u8 + 20 * (fabric == SoftFabric::Tcp) as u8,
+            3 + (fabric == SoftFabric::Tcp) as u8,
+            2 + (n % 250) as u8,
         );
         let addr = SocketAddr::from((ip, 4420));
         let mut t = Target::new(Limits::default(), vec![addr]);
@@ -119,7 +130,7 @@ impl Rig {
             listen: vec![addr],
         }]);
         cfg.group = PollGroupConfig {
-            srq_depth: 128,
+            srq_depth: SRQ_DEPTH,
             max_qpairs: 8,
             max_queue_depth: 32,
             in_capsule_data_size: 4096,
@@ -128,6 +139,7 @@ impl Rig {
             max_requests: 128,
             ..PollGroupConfig::default()
         };
+        adjust(&mut cfg.group);
         let tr = RdmaTransport::start(rt.reactors(), cfg, |_| {
             NvmeHandler::new(
                 target.clone(),
@@ -152,6 +164,18 @@ impl Rig {
         (u.0, u.1, u.2)
     }
 
+    /// What waits in the groups (summed).
+    fn waiting(&self) -> nvmf_transport::pollgroup::Waiting {
+        let tr = self.tr.as_ref().unwrap();
+        let mut w = nvmf_transport::pollgroup::Waiting::default();
+        for (_, s) in tr.each_group(|g| g.snapshot()).unwrap() {
+            w.buffers += s.requests.waiting_buffers;
+            w.to_post += s.requests.waiting_to_post;
+            w.capsules += s.requests.capsules_waiting;
+        }
+        w
+    }
+
     /// Times a request waited for data buffers, over the groups.
     fn buffer_waits(&self) -> u64 {
         let tr = self.tr.as_ref().unwrap();
@@ -162,6 +186,18 @@ impl Rig {
                     .unwrap()
             })
             .sum()
+    }
+
+    /// Receive slots over the groups, by state: (posted, queued for re-posting, held).
+    fn recv_slots(&self) -> (u32, u32, u32) {
+        let tr = self.tr.as_ref().unwrap();
+        let mut total = (0, 0, 0);
+        for (_, s) in tr.each_group(|g| g.snapshot()).unwrap() {
+            total.0 += s.recv_slots.posted;
+            total.1 += s.recv_slots.queued;
+            total.2 += s.recv_slots.held;
+        }
+        total
     }
 
     /// Sum over the groups of (requests in use, free buffers, NVMe queues, pending
@@ -222,6 +258,17 @@ pub(crate) fn connect(host: &mut HostQueue, qid: u16, cntlid: u16) -> u16 {
 }
 
 fn connect_to(host: &mut HostQueue, qid: u16, cntlid: u16, subnqn: &str) -> u16 {
+    connect_sized(host, qid, cntlid, subnqn, 32)
+}
+
+/// Connect with a queue of `depth` entries.
+pub(crate) fn connect_sized(
+    host: &mut HostQueue,
+    qid: u16,
+    cntlid: u16,
+    subnqn: &str,
+    depth: u16,
+) -> u16 {
     let data = ConnectData {
         hostid: [7; 16],
         cntlid,
@@ -231,7 +278,7 @@ fn connect_to(host: &mut HostQueue, qid: u16, cntlid: u16, subnqn: &str) -> u16 
     .to_bytes();
     host.write_data(0, &data);
     let c = host
-        .exec(connect_sqe(host, qid, 31), &[])
+        .exec(connect_sqe(host, qid, depth - 1), &[])
         .expect("connect answered");
     assert!(c.status.is_success(), "connect qid {qid}: {c:?}");
     c.dw0 as u16
@@ -509,6 +556,61 @@ fn abort_in_flight(fabric: SoftFabric) {
     });
 }
 
+/// A qpair goes while its write is held in the block device, so its NVMe queue lingers; the
+/// poll group gives its slot to a later qpair on the same reactor (round robin: the fourth
+/// connection), which must get a queue of its own: it does I/O while the old queue lingers,
+/// and after the old write completes and its queue is dropped.
+fn qpair_slot_reused_while_queue_lingers(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io1 = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io1, 1, cntlid);
+    rig.gate.store(false, Ordering::Release);
+    let mut write = rw(0x01, 0, 8, io1.keyed(0, 4096));
+    write.nsid = 2;
+    io1.send_only(write);
+    wait_until("the write's block I/O in flight", || {
+        io1.poll_once();
+        rig.usage_full().3 == 1
+    });
+    io1.disconnect();
+    wait_until("the qpair gone, its queue still there", || {
+        let (_, _, queues, pending, qpairs) = rig.usage_full();
+        qpairs == 1 && queues == 2 && pending == 1
+    });
+    // Connections 3 and 4: reactor 0, then reactor 1 in the slot the first I/O qpair had.
+    let mut io2 = HostQueue::connect(rig.addr, 2, 32);
+    connect(&mut io2, 2, cntlid);
+    let mut io3 = HostQueue::connect(rig.addr, 3, 32);
+    connect(&mut io3, 3, cntlid);
+    assert_eq!(rig.usage_full().2, 4, "a queue each, the old one included");
+    let roundtrip = |io: &mut HostQueue, lba: u64, seed: u8| {
+        let data = pattern(seed, 4096);
+        io.write_data(0, &data);
+        let c = io.exec(rw(0x01, lba, 8, io.keyed(0, 4096)), &[]).unwrap();
+        assert!(c.status.is_success(), "{c:?}");
+        let c = io
+            .exec(rw(0x02, lba, 8, io.keyed(8192, 4096)), &[])
+            .unwrap();
+        assert!(c.status.is_success(), "{c:?}");
+        assert!(io.read_data(8192, 4096) == data);
+    };
+    roundtrip(&mut io3, 64, 0x31);
+    rig.gate.store(true, Ordering::Release);
+    wait_until("the old write done, its queue dropped", || {
+        let (_, _, queues, pending, _) = rig.usage_full();
+        queues == 3 && pending == 0
+    });
+    roundtrip(&mut io3, 80, 0x32);
+    roundtrip(&mut io2, 96, 0x33);
+    drop((io1, io2, io3, admin));
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
 /// Stopping the transport while an aborted request's block I/O is in flight waits for it: the
 /// group (and the buffers the device writes into) is not dropped under the I/O.
 fn stop_waits_for_block_io(fabric: SoftFabric) {
@@ -647,6 +749,185 @@ fn queue_full(fabric: SoftFabric) {
     });
 }
 
+/// CC (and CSTS.RDY) by Property Get.
+fn property(admin: &mut HostQueue, offset: PropertyOffset) -> u32 {
+    let get = PropertyGetCmd {
+        cid: 0,
+        size: PropertySize::Four,
+        offset,
+    };
+    let c = admin.exec(get.to_sqe(), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    c.dw0
+}
+
+/// Writes CC with EN = `en` (I/O queue entry sizes 64 / 16).
+fn set_cc_en(en: bool) -> Sqe {
+    let cc = Cc {
+        en,
+        iosqes: 6,
+        iocqes: 4,
+        ..Cc::default()
+    };
+    PropertySetCmd {
+        cid: 0,
+        size: PropertySize::Four,
+        offset: PropertyOffset::Cc,
+        value: u64::from(cc.to_u32()),
+    }
+    .to_sqe()
+}
+
+/// CC.EN 1 -> 0 on a live controller (a controller reset): its I/O queues are disconnected
+/// (a write held in the block device ends with them), the outstanding AER is answered as
+/// aborted, CSTS.RDY stays 1 until the last I/O queue has closed and then reads 0; the admin
+/// queue stays, and after enabling again the host creates an I/O queue and does I/O.
+fn controller_reset(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io1 = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io1, 1, cntlid);
+    let mut io2 = HostQueue::connect(rig.addr, 2, 32);
+    connect(&mut io2, 2, cntlid);
+    let aer = admin.send_tracked(Sqe::new(0x0C, 0, 0));
+    rig.gate.store(false, Ordering::Release);
+    let mut write = rw(0x01, 0, 8, io1.keyed(0, 4096));
+    write.nsid = 2;
+    io1.send_only(write);
+    wait_until("the AER and the write pending", || {
+        io1.poll_once();
+        rig.usage_full().3 == 2
+    });
+
+    let reset = admin.send_tracked(set_cc_en(false));
+    let answers = admin.collect(2);
+    let by_cid = |cid| *answers.iter().find(|c| c.cid == cid).unwrap();
+    assert!(by_cid(reset).status.is_success(), "{answers:?}");
+    assert_eq!(
+        by_cid(aer).status.code,
+        StatusCode::Generic(GenericStatus::AbortedSqDeletion),
+        "the outstanding AER ends with the reset: {answers:?}"
+    );
+    io1.wait_disconnected();
+    io2.wait_disconnected();
+    // The write still holds its buffers in the block device: its queue has not closed, so the
+    // reset is not complete.
+    let csts = Csts::from_u32(property(&mut admin, PropertyOffset::Csts));
+    assert!(csts.rdy, "ready until every I/O queue is gone: {csts:?}");
+    assert!(!Cc::from_u32(property(&mut admin, PropertyOffset::Cc)).en);
+    rig.gate.store(true, Ordering::Release);
+    wait_until("CSTS.RDY 0 once the I/O queues closed", || {
+        !Csts::from_u32(property(&mut admin, PropertyOffset::Csts)).rdy
+    });
+    // Disabled: admin commands other than Fabrics are refused, I/O queues cannot connect.
+    let c = admin.exec(Sqe::new(0x18, 0, 0), &[]).unwrap();
+    assert_eq!(
+        c.status.code,
+        StatusCode::Generic(GenericStatus::CommandSequenceError),
+        "Keep Alive while disabled: {c:?}"
+    );
+    drop(io1);
+    drop(io2);
+
+    enable(&mut admin);
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    assert_eq!(connect(&mut io, 1, cntlid), cntlid, "same controller");
+    let data = pattern(0x77, 4096);
+    io.write_data(0, &data);
+    let c = io.exec(rw(0x01, 64, 8, io.keyed(0, 4096)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    let c = io.exec(rw(0x02, 64, 8, io.keyed(8192, 4096)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(io.read_data(8192, 4096) == data, "I/O after the reset");
+    drop(io);
+    drop(admin);
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
+/// Consecutive keyed descriptors of `lens` bytes over the host's data area from `base`, as a
+/// Last Segment list carried in the capsule: (SGL1, the capsule's descriptor bytes).
+fn split_sgl(host: &HostQueue, base: usize, lens: &[u32]) -> (SglDescriptor, Vec<u8>) {
+    let mut at = base;
+    let list: Vec<SglDescriptor> = lens
+        .iter()
+        .map(|&l| {
+            let d = host.keyed(at, l);
+            at += l as usize;
+            d
+        })
+        .collect();
+    let bytes = descriptors(&list);
+    let segment = SglDescriptor::LastSegmentOffset {
+        offset: 0,
+        length: bytes.len() as u32,
+    };
+    (segment, bytes)
+}
+
+/// Transfers whose pieces need more SGEs or work requests than one chain holds, within
+/// max_io_size (128 KiB) and MSDBD (16): in 4 KiB io units one 128 KiB descriptor is 32 SGEs
+/// (two work requests, two chains), and 16 descriptors ending mid-unit are 47 pieces. Each is
+/// written and read back intact, in several chains each way.
+fn large_transfers(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+    enable(&mut admin);
+    let mut io = HostQueue::connect(rig.addr, 1, 32);
+    connect(&mut io, 1, cntlid);
+    const LEN: usize = 131072;
+    let blocks = (LEN / BLOCK as usize) as u32;
+
+    let data = pattern(0x3C, LEN);
+    io.write_data(0, &data);
+    let c = io
+        .exec(rw(0x01, 256, blocks, io.keyed(0, LEN as u32)), &[])
+        .unwrap();
+    assert!(
+        c.status.is_success(),
+        "128 KiB write, one descriptor: {c:?}"
+    );
+    io.write_data(LEN, &vec![0; LEN]);
+    let c = io
+        .exec(rw(0x02, 256, blocks, io.keyed(LEN, LEN as u32)), &[])
+        .unwrap();
+    assert!(c.status.is_success(), "128 KiB read, one descriptor: {c:?}");
+    assert!(io.read_data(LEN, LEN) == data, "one descriptor read back");
+
+    let data = pattern(0xA7, LEN);
+    let mut written = vec![100u32; 15];
+    written.push(LEN as u32 - 1500);
+    io.write_data(2 * LEN, &data);
+    let (sgl, list) = split_sgl(&io, 2 * LEN, &written);
+    let c = io.exec(rw(0x01, 512, blocks, sgl), &list).unwrap();
+    assert!(c.status.is_success(), "16-descriptor write: {c:?}");
+    let mut read = vec![4000u32];
+    read.extend([300u32; 14]);
+    read.push(LEN as u32 - 4000 - 14 * 300);
+    io.write_data(3 * LEN, &vec![0; LEN]);
+    let (sgl, list) = split_sgl(&io, 3 * LEN, &read);
+    let c = io.exec(rw(0x02, 512, blocks, sgl), &list).unwrap();
+    assert!(c.status.is_success(), "16-descriptor read: {c:?}");
+    assert!(
+        io.read_data(3 * LEN, LEN) == data,
+        "16 descriptors read back"
+    );
+    drop(io);
+    drop(admin);
+    wait_until("everything back", || {
+        rig.usage() == (0, BUFFERS * REACTORS as u32, 0)
+    });
+}
+
+#[test]
+fn abort_waiting_for_read_depth_tcp() {
+    commands::abort_waiting_for_read_depth();
+}
+
 /// Each scenario runs on both soft fabrics, as `NAME_inproc` and `NAME_tcp`.
 macro_rules! on_both_fabrics {
     ($($inproc:ident, $tcp:ident => $scenario:path;)*) => {
@@ -669,8 +950,15 @@ on_both_fabrics! {
     abort_in_flight_inproc, abort_in_flight_tcp => abort_in_flight;
     async_event_inproc, async_event_tcp => async_event;
     queue_full_inproc, queue_full_tcp => queue_full;
+    controller_reset_inproc, controller_reset_tcp => controller_reset;
+    large_transfers_inproc, large_transfers_tcp => large_transfers;
+    slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
+    in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
+    in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
+    in_capsule_srq_inproc, in_capsule_srq_tcp => in_capsule::srq_all_held;
     session_inproc, session_tcp => full_session;
     commands_inproc, commands_tcp => commands::commands;
     abort_outstanding_inproc, abort_outstanding_tcp => commands::abort_outstanding;
+    abort_waiting_inproc, abort_waiting_tcp => commands::abort_waiting;
 }

@@ -47,7 +47,6 @@ impl Fifo {
         self.head == NIL
     }
 
-    #[cfg(test)]
     pub(crate) fn len(&self) -> u32 {
         self.len
     }

@@ -191,6 +191,17 @@ impl PollGroupConfig {
     }
 }
 
+/// Work waiting in a poll group (see [`PollGroup::waiting`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// Requests waiting for data buffers (the group's FIFO).
+    pub buffers: u32,
+    /// Requests whose chain waits for send-queue or RDMA READ room (their qpairs' FIFOs).
+    pub to_post: u32,
+    /// Capsules waiting for a request object (held receive slots).
+    pub capsules: u32,
+}
+
 /// See the module documentation.
 pub struct PollGroup<R = ()> {
     cfg: PollGroupConfig,
@@ -481,6 +492,19 @@ impl<R> PollGroup<R> {
     /// Data buffers free.
     pub fn buffers_free(&self) -> u32 {
         self.bufs.available()
+    }
+
+    /// Work waiting in this group, by what it waits for (control path: walks the qpairs).
+    pub fn waiting(&self) -> Waiting {
+        let mut w = Waiting {
+            buffers: self.buf_wait.len(),
+            ..Waiting::default()
+        };
+        for (_, q) in self.qpairs.iter() {
+            w.to_post += q.to_post.len();
+            w.capsules += q.waiting_capsules.len();
+        }
+        w
     }
 
     /// Fault injection for tests: the next send post on `qp_num` hands only its first

@@ -695,4 +695,33 @@ mod tests {
         assert!(!pg.recv.release(3));
         assert_eq!(pg.recv.queued(), 1);
     }
+
+    #[test]
+    fn a_capsule_is_writable_only_while_its_request_holds_the_slot() {
+        let (mut pg, qpn) = group("capsule_mut");
+        assert!(
+            pg.recv.bytes_mut(2).is_empty(),
+            "a posted slot is the device's"
+        );
+        // The tiny group's slots hold the 64-byte SQE only.
+        assert!(pg.recv.completed(2, 64));
+        let qref = pg.lookup(qpn).unwrap();
+        let req = pg.new_request(qref, 2).unwrap();
+        let data = pg.capsule_mut(req);
+        assert_eq!(data.len(), 64);
+        data.fill(0x5A);
+        assert!(pg.capsule(req).iter().all(|&b| b == 0x5A));
+        assert_eq!(
+            pg.recv_accounting(),
+            (7, 0, 1),
+            "held while the request keeps it"
+        );
+        pg.release_capsule(req);
+        assert!(
+            pg.capsule_mut(req).is_empty(),
+            "released: queued for the SRQ"
+        );
+        assert!(pg.recv.bytes_mut(2).is_empty());
+        assert_eq!(pg.recv_accounting(), (7, 1, 0));
+    }
 }

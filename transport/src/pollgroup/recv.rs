@@ -13,7 +13,8 @@
 //! A slot is posted only from QueuedForPost (never twice), a completion is accepted only for a
 //! Posted slot (anything else is counted as an error and the slot is left alone), and only a
 //! Held slot can be released. Capsules waiting for a request object stay Held and are linked
-//! in their qpair's FIFO through `links`.
+//! in their qpair's FIFO through `links`. A request may keep its slot Held for as long as it
+//! lives (in-capsule data lent to block I/O in place: `bytes_mut`).
 
 use crate::device::{Mr, Pd, Srq};
 use crate::error::{PostError, Result};
@@ -182,6 +183,22 @@ impl RecvSlots {
         unsafe {
             self.mr
                 .view(start..start + self.len[slot as usize] as usize)
+        }
+    }
+
+    /// What arrived in `slot`, writable: the layer above lends in-capsule data to block I/O
+    /// in place. Empty for a slot that is not Held.
+    pub(crate) fn bytes_mut(&mut self, slot: u32) -> &mut [u8] {
+        if self.state(slot) != Some(SlotState::Held) {
+            return &mut [];
+        }
+        let start = slot as usize * self.slot_size as usize;
+        // SAFETY: a Held slot is on no receive queue (posted only from QueuedForPost, after
+        // `release`), so the device writes nothing into it; `&mut self` excludes every other
+        // view of the region for this borrow, and slots do not overlap.
+        unsafe {
+            self.mr
+                .view_mut(start..start + self.len[slot as usize] as usize)
         }
     }
 

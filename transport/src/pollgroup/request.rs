@@ -80,6 +80,12 @@ impl<R> Request<R> {
     pub fn qp_num(&self) -> u32 {
         self.qp_num
     }
+    /// Its qpair's slot in the group (below `max_qpairs`, unique among live qpairs; reused
+    /// after the qpair is gone): what the layer above indexes its per-qpair state by, with no
+    /// search per command.
+    pub fn qpair_index(&self) -> u32 {
+        self.qpair.index
+    }
     pub fn state(&self) -> RequestState {
         self.state
     }
@@ -193,6 +199,20 @@ impl<R> PollGroup<R> {
         match self.request(req) {
             Some(r) if r.slot != NO_SLOT => self.recv.bytes(r.slot),
             _ => &[],
+        }
+    }
+
+    /// The capsule bytes of `req`, writable, for lending its in-capsule data to block I/O in
+    /// place (no copy, no data buffer). Empty once released, or while a chain of `req` is in
+    /// flight. The slot stays `req`'s (Held, off the SRQ) until `release_capsule` or `finish`:
+    /// a caller whose block I/O completes asynchronously calls neither before it has.
+    pub fn capsule_mut(&mut self, req: ReqId) -> &mut [u8] {
+        match self.request(req) {
+            Some(r) if r.slot != NO_SLOT && !r.chain_in_flight() => {
+                let slot = r.slot;
+                self.recv.bytes_mut(slot)
+            }
+            _ => &mut [],
         }
     }
 
@@ -385,6 +405,48 @@ impl<R> PollGroup<R> {
         Ok(())
     }
 
+    /// The live (not aborted) requests on `qp_num` (control path: walks the request slab).
+    pub fn requests_of(&self, qp_num: u32) -> impl Iterator<Item = ReqId> + '_ {
+        self.reqs
+            .iter()
+            .filter(move |(_, r)| r.qp_num == qp_num && !r.aborted)
+            .map(|(i, _)| ReqId {
+                index: i as u32,
+                generation: self.req_generation[i],
+            })
+    }
+
+    /// Takes `req` out of a wait before anything of it reached the device: the group's FIFO
+    /// for data buffers, or its qpair's FIFO with a chain that does not answer the command
+    /// (RDMA READs waiting for read depth or send-queue room). True when it was so waiting:
+    /// it is Idle again, keeps its buffers and capsule, and its layer above may answer it
+    /// (`post_chain`) or `finish` it. False, and nothing changes, in any other state.
+    pub fn cancel_wait(&mut self, req: ReqId) -> bool {
+        let Some(r) = self.request_mut(req) else {
+            return false;
+        };
+        if r.aborted {
+            return false;
+        }
+        match r.state {
+            RequestState::WaitingBuffers => {
+                r.state = RequestState::Idle;
+                r.want_bufs = 0;
+                self.buf_wait.unlink(&mut self.req_links, req.index);
+                true
+            }
+            RequestState::WaitingToPost if !r.answers => {
+                r.state = RequestState::Idle;
+                let qref = r.qpair;
+                if let Some(q) = live_mut(&mut self.qpairs, qref) {
+                    q.to_post.unlink(&mut self.req_links, req.index);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The request is over: its buffers, capsule slot and object go back. Called once per
     /// request, aborted ones included. A chain still on the send queue of a live qpair is
     /// let finish first (the device may still read or write the buffers).
@@ -537,6 +599,12 @@ impl<R> PollGroup<R> {
             };
             h.aborted(self, req);
         }
+    }
+
+    /// The slot of qpair `qp_num` in the group (see `Request::qpair_index`; control path:
+    /// one tree lookup).
+    pub fn qpair_index(&self, qp_num: u32) -> Option<u32> {
+        self.lookup(qp_num).map(|q| q.index)
     }
 
     /// The phase of `qp_num`, None when it is not in the group (one tree lookup).

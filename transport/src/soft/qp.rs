@@ -958,9 +958,7 @@ impl SoftQp {
         }
     }
 
-    /// Post one WR; `last`: the last of its list (the TCP fabric writes the list's frames
-    /// then, in one go).
-    fn post_one(&mut self, wr: &SendWr<'_>, last: bool) -> Result<()> {
+    fn post_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
         let sh = &self.sh;
         let st = sh.state();
         if st != QpState::Rts && st != QpState::Err {
@@ -1000,7 +998,7 @@ impl SoftQp {
             let sh = self.sh.clone();
             let mut g = sh.lock();
             match sh.entry_from(&mut g, seq, wr, signaled) {
-                Ok(e) => tcp::post(&sh, &mut g, e, last),
+                Ok(e) => tcp::post(&sh, &mut g, e),
                 Err(status) => {
                     sh.complete_send(seq, wr.wr_id, &wr.op, status, 0, true);
                     sh.enter_err_locked(&mut g);
@@ -1127,19 +1125,21 @@ impl QpOps for SoftQp {
         Ok(())
     }
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        let mut result = Ok(());
         for (i, wr) in wrs.iter().enumerate() {
-            if let Err(error) = self.post_one(wr, i + 1 == wrs.len()) {
-                if i > 0 && self.sh.fabric == SoftFabric::Tcp {
-                    // The WRs before the refused one are posted: put them on the wire.
-                    tcp::flush_posted(&self.sh, &mut self.sh.lock());
-                }
-                return Err(PostError {
+            if let Err(error) = self.post_one(wr) {
+                result = Err(PostError {
                     failed_index: i,
                     error,
                 });
+                break;
             }
         }
-        Ok(())
+        if self.sh.fabric == SoftFabric::Tcp {
+            // One write for the whole list (the WRs before a failed one were posted too).
+            tcp::flush_posted(&self.sh);
+        }
+        result
     }
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let sh = &self.sh;

@@ -22,6 +22,10 @@
 //!   (edge-triggered, read until WouldBlock). Polling the CQ polls epoll with a zero timeout and
 //!   runs the ready QPs only, so thousands of idle QPs cost nothing. Writes are non-blocking
 //!   with a per-connection output buffer, flushed on writable readiness.
+//! - Syscalls are per batch, not per frame: a `post_send` list is written with one write at its
+//!   end, a progress run reads until a short read (edge-triggered epoll reports later data) and
+//!   writes once, a responder sends one cumulative ACK per batch of requests it read, and
+//!   write-space events (one per TCP ACK the kernel gets) run nothing unless output waits.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
@@ -401,6 +405,22 @@ impl TcpPoller {
         let _ = self.registry.deregister(&mut SourceFd(&fd));
     }
 
+    /// Whether QP `qpn` has output the socket did not take yet.
+    fn output_waits(&self, qpn: u32) -> bool {
+        let qp = self
+            .qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&qpn)
+            .and_then(Weak::upgrade);
+        qp.is_some_and(|qp| {
+            qp.lock()
+                .conn
+                .as_ref()
+                .is_none_or(|c| c.output_pending() || c.dead)
+        })
+    }
+
     /// Run the QPs whose sockets are ready (zero-timeout epoll).
     pub(crate) fn poll(&self) {
         let Ok(mut g) = self.poll.try_lock() else {
@@ -410,8 +430,19 @@ impl TcpPoller {
         if poll.poll(events, Some(Duration::ZERO)).is_err() {
             return;
         }
+        if events.is_empty() {
+            return;
+        }
         let now = Instant::now();
         for ev in events.iter() {
+            if !ev.is_readable() && !ev.is_read_closed() && !ev.is_error() && !ev.is_write_closed()
+            {
+                // Write space only (the peer's TCP ACKs free it after every send): progress
+                // has work only if output waits for that space.
+                if !self.output_waits(ev.token().0 as u32) {
+                    continue;
+                }
+            }
             let qp = self
                 .qps
                 .lock()
@@ -435,6 +466,10 @@ pub(crate) struct Conn {
     fd: RawFd,
     out: Vec<u8>,
     out_pos: usize,
+    /// Responder: the cumulative ACK not encoded yet. ACKs are cumulative (one acknowledges
+    /// every request up to its sequence), so the requests of one read share one ACK; any other
+    /// frame, and every flush, encodes it first, keeping the stream's order.
+    ack: Option<u64>,
     inb: Vec<u8>,
     in_len: usize,
     /// Requester: re-send from this sequence when the RNR timer expires.
@@ -460,6 +495,7 @@ impl Conn {
             fd,
             out: Vec::new(),
             out_pos: 0,
+            ack: None,
             inb: vec![0; 64 * 1024],
             in_len: 0,
             go_back: None,
@@ -469,6 +505,7 @@ impl Conn {
     }
 
     fn flush(&mut self) {
+        self.frame();
         while self.out_pos < self.out.len() {
             match self.stream.write(&self.out[self.out_pos..]) {
                 Ok(0) => {
@@ -488,7 +525,30 @@ impl Conn {
         self.out_pos = 0;
     }
 
+    /// Whether anything waits to be written (encoded or a pending ACK).
+    fn output_pending(&self) -> bool {
+        self.out_pos < self.out.len() || self.ack.is_some()
+    }
+
+    /// The output buffer, to encode a frame other than an ACK into: the pending ACK goes first.
+    fn frame(&mut self) -> &mut Vec<u8> {
+        if let Some(seq) = self.ack.take() {
+            Hdr {
+                ty: T_ACK,
+                seq,
+                ..Hdr::default()
+            }
+            .encode(&mut self.out);
+        }
+        &mut self.out
+    }
+
     fn ctl(&mut self, ty: u8, seq: u64, code: u16, key: u32) {
+        if ty == T_ACK {
+            // Cumulative: a later ACK covers an earlier one (a duplicate's included).
+            self.ack = Some(self.ack.map_or(seq, |a| a.max(seq)));
+            return;
+        }
         Hdr {
             ty,
             code,
@@ -496,7 +556,7 @@ impl Conn {
             key,
             ..Hdr::default()
         }
-        .encode(&mut self.out);
+        .encode(self.frame());
     }
 }
 
@@ -568,10 +628,10 @@ fn lost(qp: &QpShared, slow: &mut Slow) {
     }
 }
 
-/// Post one WR (under the QP lock). `flush`: write the connection's output now; a list of WRs
-/// flushes after its last one only, so a chain (NVMe-oF: data WRITEs + the response SEND)
-/// leaves in one write syscall and one TCP segment instead of one per WR.
-pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry, flush: bool) {
+/// Post one WR (under the QP lock). Its frame is encoded into the connection's output buffer;
+/// it leaves with the next `flush_posted` (the end of the `post_send` list) or progress run, so
+/// a list of WRs costs one write, not one per WR.
+pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
     if slow.sq.is_empty() && super::qp::is_local(&e.op) {
         // Nothing before it: a local operation runs now, connection or not.
         match qp.execute_local(&e.op) {
@@ -609,29 +669,25 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry, flush: b
         if let Err((i, status)) = transmit_pending(qp, &mut conn, &mut slow.sq) {
             fail_at(qp, slow, i, status);
         }
-        if flush {
-            conn.flush();
-        }
     }
-    let dead = conn.dead;
     slow.conn = Some(conn);
-    if dead {
-        // The write found the connection gone (e.g. refused): fail as when retries run out.
-        lost(qp, slow);
-        return;
-    }
     complete_local_heads(qp, slow);
 }
 
-/// Write what earlier `post(.., flush: false)` calls left in the connection's output (a list
-/// of WRs that stopped early on a bad WR).
-pub(crate) fn flush_posted(qp: &QpShared, slow: &mut Slow) {
-    let Some(conn) = slow.conn.as_mut() else {
+/// The end of a `post_send` list: write what its WRs encoded, in one syscall. What the socket
+/// does not take now leaves on writable readiness (the CQ's poll).
+pub(crate) fn flush_posted(qp: &Arc<QpShared>) {
+    let mut g = qp.lock();
+    let Some(conn) = g.conn.as_mut() else {
         return;
     };
+    if !conn.output_pending() || conn.dead {
+        return;
+    }
     conn.flush();
     if conn.dead {
-        lost(qp, slow);
+        // The write found the connection gone (e.g. refused): fail as when retries run out.
+        lost(qp, &mut g);
     }
 }
 
@@ -660,17 +716,22 @@ fn transmit_pending(
 ) -> std::result::Result<(), (usize, WcStatus)> {
     let first = sq.iter().rposition(|e| e.sent).map_or(0, |i| i + 1);
     let is_read = |e: &SqEntry| matches!(e.op, SendOp::RdmaRead { .. });
-    let mut reads = sq.iter().take(first).filter(|e| is_read(e)).count();
+    // READs on the wire, counted only when a READ is to go: every post comes here, and the
+    // count walks the whole send queue.
+    let mut reads: Option<usize> = None;
     let depth = usize::from(qp.read_depth());
-    for (i, e) in sq.iter_mut().enumerate().skip(first) {
-        if is_read(e) {
+    for i in first..sq.len() {
+        if is_read(&sq[i]) {
             // Initiator depth: a READ past it waits (and all behind it) until a response
             // frees a slot; the READ_RESP handler's progress sends it then.
-            if reads >= depth {
+            let on_wire =
+                reads.get_or_insert_with(|| sq.iter().take(i).filter(|e| is_read(e)).count());
+            if *on_wire >= depth {
                 break;
             }
-            reads += 1;
+            *on_wire += 1;
         }
+        let e = &mut sq[i];
         transmit(qp, conn, e).map_err(|status| (i, status))?;
     }
     Ok(())
@@ -691,6 +752,7 @@ fn fail_at(qp: &QpShared, slow: &mut Slow, i: usize, status: WcStatus) {
 /// Encode a request frame for `e` into the connection's output buffer (or lose it, under the
 /// `lose_next_request` fault).
 fn transmit(qp: &QpShared, conn: &mut Conn, e: &mut SqEntry) -> std::result::Result<(), WcStatus> {
+    conn.frame();
     let start = conn.out.len();
     encode_request(qp, conn, e)?;
     if conn.lose_next && conn.out.len() > start {
@@ -821,10 +883,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                 conn.inb.resize(need.max(conn.inb.len() + 64 * 1024), 0);
             }
             let in_len = conn.in_len;
-            let space = conn.inb.len() - in_len;
-            // A read shorter than the room offered emptied the socket: stop after handling it
-            // rather than pay another read for its WouldBlock (data arriving later raises a
-            // new edge-triggered event). Saves one syscall per readiness.
+            let room = conn.inb.len() - in_len;
             let drained = match conn.stream.read(&mut conn.inb[in_len..]) {
                 Ok(0) => {
                     conn.dead = true;
@@ -832,7 +891,9 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                 }
                 Ok(n) => {
                     conn.in_len += n;
-                    n < space
+                    // A short read emptied the socket: what arrives later raises a new
+                    // (edge-triggered) readiness event, so no read just to see WouldBlock.
+                    n < room
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -867,7 +928,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
     }
     conn.flush();
     let dead = conn.dead;
-    let want = conn.go_back.is_some() || conn.out_pos < conn.out.len();
+    let want = conn.go_back.is_some() || conn.output_pending();
     slow.conn = Some(conn);
     if dead {
         lost(qp, slow);
@@ -1085,13 +1146,13 @@ fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
                 };
                 let mut src = mem::SgList::new();
                 src.push(r);
-                resp.encode(&mut conn.out);
+                resp.encode(conn.frame());
                 let start = conn.out.len();
                 conn.out.resize(start + len, 0);
                 mem::gather(&src, &mut conn.out[start..]);
             } else {
                 resp.len = 0;
-                resp.encode(&mut conn.out);
+                resp.encode(conn.frame());
             }
             // A duplicate READ is answered again (from the memory as it is now), as in RC.
             if !duplicate {

@@ -16,10 +16,15 @@ use nvmf_initiator::perf::job::JobSpec;
 use nvmf_initiator::perf::runner::{RunConfig, run};
 use nvmf_initiator::perf::workload::Pattern;
 use nvmf_initiator::queue::Fabric;
-use nvmf_initiator::rdma::RdmaFabric;
+use nvmf_initiator::rdma::{HostGroupConfig, RdmaFabric};
 
 /// Drive I/O at every namespace of one NVMe-oF subsystem and report IOPS, bandwidth and
 /// latency percentiles per namespace and in total.
+///
+/// A lost connection fails the I/O in flight (counted as "lost with the connection"); the
+/// controller then reconnects per --reconnect-delay / --ctrl-loss-tmo and the run goes on over
+/// fresh queues. The exit status is non-zero on any I/O error or verify failure, when the
+/// controller is given up (ctrl-loss-tmo passed, or 0), or when it is not back at the end.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {
@@ -64,8 +69,15 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Without RUST_LOG: warnings, and the controller's connection story (lost, reconnected).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(
+            "warn,nvmf_initiator::controller=info,nvmf_initiator::perf=info",
+        )
+    });
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
@@ -79,10 +91,34 @@ fn main() -> anyhow::Result<()> {
              this process; use --transport soft-tcp to reach nvmf-tgt's soft device"
         ),
         name => {
-            let fabric =
-                RdmaFabric::new(name, None).with_context(|| format!("transport '{name}'"))?;
+            let reactors = parse_cores(&args.cores).map_err(anyhow::Error::msg)?.len();
+            // One host poll group per reactor: I/O queue i joins reactor i % n's group, where
+            // the runner moves it.
+            let fabric = RdmaFabric::new(name, None)
+                .with_context(|| format!("transport '{name}'"))?
+                .spread(reactors)
+                .group_config(host_groups(&args, reactors));
             perf(fabric, &args)
         }
+    }
+}
+
+/// Host poll groups sized for this run: each reactor's group takes its share of the I/O queues
+/// (qpairs per namespace times the namespaces driven; 4 assumed when --nsid is not given) at
+/// -q each, and a queue as deep as -q.
+fn host_groups(args: &Args, reactors: usize) -> HostGroupConfig {
+    let default = HostGroupConfig::default();
+    let depth = args.queue_depth.clamp(2, 4096) as u32;
+    let namespaces = if args.nsid.is_empty() {
+        4
+    } else {
+        args.nsid.len()
+    };
+    let queues = (args.qpairs.max(1) * namespaces).div_ceil(reactors.max(1)) as u32;
+    HostGroupConfig {
+        max_queues: default.max_queues.min(queues + 8),
+        max_queue_depth: default.max_queue_depth.max(depth),
+        requests: default.requests.max(depth * queues),
     }
 }
 
@@ -163,9 +199,17 @@ where
     }
     if !report.passed() {
         bail!(
-            "{} I/O errors, {} verify failures",
+            "{} I/O errors, {} verify failures{}",
             report.total.errors,
-            report.total.verify_failures
+            report.total.verify_failures,
+            if report.connected_at_end {
+                String::new()
+            } else {
+                format!(
+                    ", the connection was lost ({} I/O failed with it) and not back at the end",
+                    report.total.lost
+                )
+            }
         );
     }
     Ok(())

@@ -169,17 +169,18 @@ pub fn run(config: &Config) -> Result<()> {
     }
     let cores = config.reactors.cores.get_ref().clone();
     let shutdown = Duration::from_millis(config.daemon.shutdown_timeout_ms);
-    let runtime = Runtime::start(RuntimeConfig::new(cores).drain_timeout(shutdown))
-        .context("starting reactors")?;
+    let runtime = Runtime::start(
+        RuntimeConfig::new(cores)
+            .drain_timeout(shutdown)
+            .idle_after(config.reactors.idle_after()),
+    )
+    .context("starting reactors")?;
     let io: Vec<ReactorIo> = runtime
         .reactors()
         .iter()
         .map(|_| ReactorIo::new(target.clone()))
         .collect();
-    let stats = Stats::new(
-        target.clone(),
-        io.iter().map(|i| i.counters().clone()).collect(),
-    );
+    let mut stats = Stats::new(target.clone());
     {
         let target = target.clone();
         runtime.reactors()[0]
@@ -205,14 +206,18 @@ pub fn run(config: &Config) -> Result<()> {
         let now = Instant::now();
         let dump = signals.dump.swap(false, Ordering::Relaxed);
         if dump || now >= next_stats {
-            let snapshot = stats.collect(&runtime);
-            if dump {
-                snapshot.log();
-            }
-            if let Some(path) = &config.daemon.stats_file {
-                if let Err(e) = snapshot.write_file(path) {
-                    tracing::warn!("stats file {}: {e}", path.display());
+            match stats.collect(dump, &runtime, &transport) {
+                Ok(snapshot) => {
+                    if dump {
+                        snapshot.log();
+                    }
+                    if let Some(path) = &config.daemon.stats_file {
+                        if let Err(e) = snapshot.write_file(path) {
+                            tracing::warn!("stats file {}: {e}", path.display());
+                        }
+                    }
                 }
+                Err(e) => tracing::warn!("statistics: {e:#}"),
             }
             next_stats = now + interval;
         }

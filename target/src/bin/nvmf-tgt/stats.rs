@@ -1,19 +1,27 @@
-//! Statistics: per reactor (loop counters from the poller, I/O counters from its `ReactorIo`)
-//! and per subsystem (controllers, queues, I/O), as one serialisable snapshot.
+//! Statistics: per reactor (loop counters from the poller; I/O counters and poll-group figures
+//! of every group on it, one per RDMA device) and per subsystem (controllers, queues, I/O), as
+//! one serialisable snapshot. The poll groups are read on their own reactors (a control-path
+//! message each); the field list is documented in configs/README.md.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
+use anyhow::{Context, Result};
 use nvmf_poller::Runtime;
-use nvmf_target::nvme::{IoCounters, IoSnapshot, Target};
+use nvmf_target::nvme::{IoSnapshot, Target};
+use nvmf_target::rdma::{GroupSnapshot, RdmaTransport};
+use nvmf_target::transport_glue::{Command, NvmeHandler};
 use serde::Serialize;
 
 /// What the daemon reads statistics from.
 pub struct Stats {
     target: Arc<Target>,
-    reactor_io: Vec<Arc<IoCounters>>,
+    /// Snapshots taken so far (the `sequence` of the next one).
+    taken: u64,
+    /// SIGUSR1 signals handled so far.
+    signals: u64,
 }
 
 #[derive(Serialize)]
@@ -23,7 +31,12 @@ pub struct ReactorLine {
     polls: u64,
     busy_ms: u128,
     sleeps: u64,
+    /// I/O of every group on this reactor.
     io: IoSnapshot,
+    /// Qpairs of every group on this reactor.
+    qpairs: usize,
+    /// One poll group per RDMA device.
+    groups: Vec<GroupSnapshot>,
 }
 
 #[derive(Serialize, Default)]
@@ -37,21 +50,42 @@ pub struct SubsystemLine {
 /// One snapshot.
 #[derive(Serialize)]
 pub struct Snapshot {
+    /// Counts snapshots since the daemon started.
+    sequence: u64,
+    /// SIGUSR1 signals handled before this snapshot was collected: a reader that wants the
+    /// state after its own signal waits for this to grow past what it read before sending.
+    signals: u64,
+    /// Qpairs in every poll group.
+    qpairs: usize,
+    /// Receive slots held in every poll group (0 when idle: none leaked).
+    recv_slots_held: u32,
     reactors: Vec<ReactorLine>,
     subsystems: BTreeMap<String, SubsystemLine>,
 }
 
 impl Stats {
-    pub fn new(target: Arc<Target>, reactor_io: Vec<Arc<IoCounters>>) -> Stats {
-        Stats { target, reactor_io }
+    pub fn new(target: Arc<Target>) -> Stats {
+        Stats {
+            target,
+            taken: 0,
+            signals: 0,
+        }
     }
 
-    pub fn collect(&self, runtime: &Runtime) -> Snapshot {
-        let reactors = runtime
+    /// A snapshot; `signalled`: one SIGUSR1 was handled for it.
+    pub fn collect(
+        &mut self,
+        signalled: bool,
+        runtime: &Runtime,
+        transport: &RdmaTransport<Command, NvmeHandler>,
+    ) -> Result<Snapshot> {
+        let groups = transport
+            .each_group(|g| (g.snapshot(), g.handler().io().counters().snapshot()))
+            .context("reading the poll groups")?;
+        let mut reactors: Vec<ReactorLine> = runtime
             .reactors()
             .iter()
-            .zip(&self.reactor_io)
-            .map(|(h, io)| {
+            .map(|h| {
                 let s = h.stats();
                 ReactorLine {
                     reactor: s.reactor,
@@ -59,10 +93,22 @@ impl Stats {
                     polls: s.polls,
                     busy_ms: s.busy.as_millis(),
                     sleeps: s.sleeps,
-                    io: io.snapshot(),
+                    io: IoSnapshot::default(),
+                    qpairs: 0,
+                    groups: Vec::new(),
                 }
             })
             .collect();
+        let (mut qpairs, mut held) = (0, 0);
+        for (info, (group, io)) in groups {
+            qpairs += group.qpairs;
+            held += group.recv_slots.held;
+            if let Some(line) = reactors.get_mut(info.reactor) {
+                line.io += io;
+                line.qpairs += group.qpairs;
+                line.groups.push(group);
+            }
+        }
         let mut subsystems: BTreeMap<String, SubsystemLine> = self
             .target
             .subsystems()
@@ -75,10 +121,16 @@ impl Stats {
             line.qpairs += 1 + c.state().io_qids.len();
             line.io += c.io_totals();
         }
-        Snapshot {
+        self.taken += 1;
+        self.signals += u64::from(signalled);
+        Ok(Snapshot {
+            sequence: self.taken,
+            signals: self.signals,
+            qpairs,
+            recv_slots_held: held,
             reactors,
             subsystems,
-        }
+        })
     }
 }
 
@@ -86,7 +138,10 @@ impl Snapshot {
     /// Log every line (SIGUSR1).
     pub fn log(&self) {
         for r in &self.reactors {
-            tracing::info!(reactor = r.reactor, core = r.core, polls = r.polls, busy_ms = r.busy_ms, sleeps = r.sleeps, io = ?r.io, "reactor stats");
+            tracing::info!(reactor = r.reactor, core = r.core, polls = r.polls, busy_ms = r.busy_ms, sleeps = r.sleeps, qpairs = r.qpairs, io = ?r.io, "reactor stats");
+            for g in &r.groups {
+                tracing::info!(reactor = r.reactor, device = %g.device_name, qpairs = g.qpairs, recv_slots = ?g.recv_slots, requests = ?g.requests, data_buffers = ?g.data_buffers, counters = ?g.counters, failed = ?g.failed, "poll group stats");
+            }
         }
         for (nqn, s) in &self.subsystems {
             tracing::info!(subsystem = %nqn, controllers = s.controllers, qpairs = s.qpairs, io = ?s.io, "subsystem stats");

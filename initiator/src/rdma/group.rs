@@ -1,0 +1,315 @@
+//! The host poll group one reactor's queues share (per RDMA device): one CQ polled once per
+//! pass over the group's queues, completions routed to their queue through the poll group
+//! (qp_num -> qpair -> the token the queue joined with), request objects and receive slots
+//! shared by every queue of every controller placed on that reactor.
+//!
+//! Placement ([`QueueHome`]): the fabric decides which group a queue joins when it connects
+//! (see [`super::RdmaFabric::spread`]): by default every queue of the fabric shares one group
+//! per device (a single-threaded user: the nvmf CLI, `BlockDevice`, tests); spread over N
+//! reactors, admin queues join the control thread's group and I/O queue `qid` joins reactor
+//! `(qid - 1) % N`'s, the split `perf::runner` uses when it moves queues to reactors.
+//!
+//! Sizing ([`HostGroupConfig`]): fixed when the group is made (a poll group never grows):
+//! `requests` request objects (each with a 64-byte capsule buffer: in-capsule data goes out
+//! of the queue's registered region as a second SGE), `max_queue_depth` receive slots per
+//! qpair, at most `max_queues` qpairs. A queue joins only if its depth fits the request
+//! objects not yet reserved by the others (so no queue ever meets a request shortage below
+//! its depth); a group that is full refuses the connect with a message naming the knob.
+//!
+//! The group sits behind a mutex so a queue stays `Send` (a controller connects its queues on
+//! the control thread and moves them to reactors). With queues placed as above only one
+//! thread takes a group's lock, so it is never contended: one atomic each way, no syscall.
+//! The group lives while any of its queues does (each holds an `Arc`; the registry a `Weak`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use nvmf_transport::pollgroup::{
+    Handler, PollGroup, PollGroupConfig, QpairEvent, RecvMode, ReqId, WrKind,
+};
+use nvmf_transport::{Context, TransportError, WcStatus};
+
+use super::side::{HostCommand, Side};
+use crate::queue::ConnectError;
+
+/// Which reactor (host poll group) a queue belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueHome {
+    /// The thread that drives the controllers (admin queues when spread over reactors).
+    Control,
+    /// Reactor `n`.
+    Reactor(usize),
+}
+
+/// How each host poll group is sized (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostGroupConfig {
+    /// Qpairs one group holds at most.
+    pub max_queues: u32,
+    /// Deepest queue (receive slots per qpair); deeper asks are cut to this.
+    pub max_queue_depth: u32,
+    /// Request objects (commands in flight over all queues of the group); the sum of the
+    /// member queues' depths must fit.
+    pub requests: u32,
+}
+
+impl Default for HostGroupConfig {
+    fn default() -> Self {
+        // CQ: 64 * 128 receives + 1024 requests' chains + markers = 25,664 entries, inside
+        // rxe's 32,767.
+        Self {
+            max_queues: 64,
+            max_queue_depth: 128,
+            requests: 1024,
+        }
+    }
+}
+
+/// What a group holds now (for tests and statistics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostGroupInfo {
+    /// Whose group.
+    pub home: QueueHome,
+    /// Device name.
+    pub device: String,
+    /// Queues joined and not yet left.
+    pub queues: usize,
+    /// Request objects reserved by them (sum of depths).
+    pub reserved: u32,
+    /// CQ polls so far.
+    pub polls: u64,
+}
+
+/// Hands each poll-group callback to the [`Side`] of the queue it concerns.
+pub(super) struct Router {
+    sides: Vec<Option<Side>>,
+}
+
+impl Router {
+    pub(super) fn side(&mut self, token: u64) -> Option<&mut Side> {
+        self.sides.get_mut(token as usize).and_then(Option::as_mut)
+    }
+
+    fn side_of(&mut self, pg: &PollGroup<HostCommand>, qp_num: u32) -> Option<&mut Side> {
+        let token = pg.qpair_token(qp_num)?;
+        self.side(token)
+    }
+}
+
+impl Handler<HostCommand> for Router {
+    fn capsule(&mut self, _: &mut PollGroup<HostCommand>, req: ReqId) {
+        tracing::warn!(?req, "a host group made a request from a capsule");
+    }
+    fn chain_done(
+        &mut self,
+        _: &mut PollGroup<HostCommand>,
+        req: ReqId,
+        _: WrKind,
+        status: WcStatus,
+    ) {
+        tracing::warn!(
+            ?req,
+            ?status,
+            "unexpected chain completion on a host request"
+        );
+    }
+    fn qpair_event(&mut self, _: &mut PollGroup<HostCommand>, _: u32, token: u64, ev: QpairEvent) {
+        let Some(side) = self.side(token) else {
+            return;
+        };
+        match ev {
+            QpairEvent::Active => side.active = true,
+            QpairEvent::Draining(reason) => side.lose(format!("qpair draining: {reason:?}")),
+            QpairEvent::Gone { forced } => {
+                side.gone = true;
+                side.lose(format!("qpair gone (forced: {forced})"));
+            }
+        }
+    }
+    fn aborted(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId) {
+        // The qpair is gone; the target can no longer touch the region for this command.
+        pg.finish(req);
+    }
+    fn buffers_ready(&mut self, _: &mut PollGroup<HostCommand>, _: ReqId) {}
+
+    fn response(&mut self, pg: &mut PollGroup<HostCommand>, qp_num: u32, capsule: &[u8]) {
+        match self.side_of(pg, qp_num) {
+            Some(side) => side.response(pg, capsule),
+            None => tracing::warn!(qp_num, "response for a qpair of no queue"),
+        }
+    }
+
+    fn request_complete(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId, status: WcStatus) {
+        let command = pg
+            .request_mut(req)
+            .map(|r| std::mem::take(&mut r.user))
+            .unwrap_or_default();
+        pg.finish(req);
+        if let Some(side) = self.side(command.queue) {
+            side.complete(command, status);
+        }
+    }
+
+    fn group_failed(&mut self, _: &mut PollGroup<HostCommand>, error: &str) {
+        for side in self.sides.iter_mut().flatten() {
+            side.lose(format!("poll group failed: {error}"));
+        }
+    }
+}
+
+/// One reactor's host poll group on one device (see the module documentation).
+pub(super) struct HostGroup {
+    pub(super) pg: PollGroup<HostCommand>,
+    pub(super) router: Router,
+    /// CQ polls so far: a queue polls the CQ only when nobody did since its own last poll.
+    pub(super) polls: u64,
+    /// Request objects reserved by member queues, by token.
+    reserved: Vec<u32>,
+    cfg: HostGroupConfig,
+    home: QueueHome,
+}
+
+impl HostGroup {
+    fn new(ctx: &Context, cfg: HostGroupConfig, home: QueueHome) -> Result<Self, TransportError> {
+        let pg_cfg = PollGroupConfig {
+            srq_depth: cfg.max_queues * cfg.max_queue_depth,
+            max_qpairs: cfg.max_queues,
+            max_queue_depth: cfg.max_queue_depth,
+            // Host receive slots take 16-byte responses only.
+            in_capsule_data_size: 0,
+            // A request's buffer holds the SQE; in-capsule data is a second SGE over the
+            // queue's region.
+            io_unit_size: 64,
+            data_buffers: cfg.requests,
+            max_requests: cfg.requests,
+            ..PollGroupConfig::default()
+        };
+        let pg = PollGroup::new_host(
+            ctx,
+            pg_cfg,
+            RecvMode::PerQpair {
+                recvs: cfg.max_queue_depth,
+            },
+        )?;
+        Ok(Self {
+            pg,
+            router: Router { sides: Vec::new() },
+            polls: 0,
+            reserved: Vec::new(),
+            cfg,
+            home,
+        })
+    }
+
+    /// The depth a queue asking for `wanted` gets in this group.
+    pub(super) fn depth_for(&self, wanted: u32) -> u32 {
+        wanted.clamp(1, self.cfg.max_queue_depth)
+    }
+
+    /// Takes `side` in with `depth` request objects reserved; returns its token.
+    pub(super) fn join(&mut self, side: Side, depth: u32) -> Result<u64, ConnectError> {
+        let reserved: u32 = self.reserved.iter().sum();
+        // What the poll group really has: it caps request objects to fit a small device CQ.
+        let capacity = self.pg.config().max_requests;
+        if reserved + depth > capacity {
+            return Err(ConnectError::Resources(format!(
+                "host poll group of {:?} is full: {reserved} of {capacity} request objects \
+                 reserved, a queue of depth {depth} does not fit (raise \
+                 HostGroupConfig::requests; asked {})",
+                self.home, self.cfg.requests
+            )));
+        }
+        let token = match self.router.sides.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.router.sides.push(None);
+                self.reserved.push(0);
+                self.router.sides.len() - 1
+            }
+        };
+        self.router.sides[token] = Some(side);
+        self.reserved[token] = depth;
+        Ok(token as u64)
+    }
+
+    /// The queue of `token` is gone: its side and reservation go.
+    pub(super) fn leave(&mut self, token: u64) {
+        if let Some(s) = self.router.sides.get_mut(token as usize) {
+            *s = None;
+            self.reserved[token as usize] = 0;
+        }
+    }
+
+    /// Polls the CQ once; a failing poll fails every queue of the group.
+    pub(super) fn poll(&mut self) {
+        self.polls += 1;
+        if let Err(e) = self.pg.poll(&mut self.router) {
+            let why = format!("poll: {e}");
+            for side in self.router.sides.iter_mut().flatten() {
+                side.lose(why.clone());
+            }
+        }
+    }
+
+    fn info(&self) -> HostGroupInfo {
+        HostGroupInfo {
+            home: self.home,
+            device: self.pg.context().name().to_string(),
+            queues: self.router.sides.iter().flatten().count(),
+            reserved: self.reserved.iter().sum(),
+            polls: self.polls,
+        }
+    }
+}
+
+/// Locks a group. A panic while it was held (a bug) does not make every later queue panic too.
+pub(super) fn lock(group: &Mutex<HostGroup>) -> MutexGuard<'_, HostGroup> {
+    group
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A group's key: its home and its device's name.
+type GroupKey = (QueueHome, String);
+
+/// The groups of one fabric (and its clones), by home and device.
+#[derive(Default)]
+pub(super) struct Registry {
+    groups: Mutex<HashMap<GroupKey, Weak<Mutex<HostGroup>>>>,
+}
+
+impl Registry {
+    /// The group of `home` on `ctx`'s device, made on first use.
+    pub(super) fn group(
+        &self,
+        ctx: &Context,
+        home: QueueHome,
+        cfg: HostGroupConfig,
+    ) -> Result<Arc<Mutex<HostGroup>>, TransportError> {
+        let mut groups = self
+            .groups
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let key = (home, ctx.name().to_string());
+        if let Some(g) = groups.get(&key).and_then(Weak::upgrade) {
+            return Ok(g);
+        }
+        let g = Arc::new(Mutex::new(HostGroup::new(ctx, cfg, home)?));
+        groups.retain(|_, w| w.strong_count() > 0);
+        groups.insert(key, Arc::downgrade(&g));
+        Ok(g)
+    }
+
+    /// Every live group.
+    pub(super) fn info(&self) -> Vec<HostGroupInfo> {
+        let groups = self
+            .groups
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        groups
+            .values()
+            .filter_map(Weak::upgrade)
+            .map(|g| lock(&g).info())
+            .collect()
+    }
+}

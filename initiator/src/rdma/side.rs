@@ -1,0 +1,127 @@
+//! One queue's share of a host poll group: its commands in flight by CID, the CQEs reaped for
+//! it and not yet handed out, its memory windows, and whether its connection is gone. The
+//! group's [`super::group::Router`] hands each poll-group callback to the `Side` of the qpair
+//! it concerns; a `Side` never sees another queue's completions. The queue's registered region
+//! stays with the queue ([`super::RdmaQueue`]), which copies a finished read's data when it
+//! takes the CQE.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+use nvmf_protocol::Cqe;
+use nvmf_transport::WcStatus;
+use nvmf_transport::pollgroup::{PollGroup, ReqId};
+
+use super::windows::Windows;
+
+/// What the group remembers about one command in flight (the poll group's per-request state).
+#[derive(Debug, Default, Clone)]
+pub(super) struct HostCommand {
+    /// The queue (router token) the command belongs to.
+    pub(super) queue: u64,
+    /// Region bytes the target may write for this command (copied back at completion; None
+    /// for commands that only send data).
+    pub(super) data: Option<Range<usize>>,
+    /// The response, once it arrived (reported when the SEND completed too).
+    pub(super) cqe: Option<Cqe>,
+    /// The memory window the command's data goes through (per-I/O keys).
+    pub(super) window: Option<usize>,
+}
+
+/// One queue's handler state inside the shared group.
+pub(super) struct Side {
+    /// Commands in flight by CID.
+    pub(super) by_cid: HashMap<u16, ReqId>,
+    /// Finished commands not yet handed to the caller, with the region bytes the target wrote
+    /// for them.
+    pub(super) done: VecDeque<(Cqe, Option<Range<usize>>)>,
+    /// Why the connection is gone, once it is.
+    pub(super) lost: Option<String>,
+    /// Set by the qpair's `Active` event.
+    pub(super) active: bool,
+    /// Set once the qpair is out of the group (its QP destroyed).
+    pub(super) gone: bool,
+    pub(super) qid: u16,
+    /// Memory windows for per-I/O keys: made at the first `bind_window`; None inside when the
+    /// device has none.
+    pub(super) windows: Option<Option<Windows>>,
+}
+
+impl Side {
+    pub(super) fn new(qid: u16, depth: usize) -> Side {
+        Side {
+            by_cid: HashMap::with_capacity(depth * 2),
+            done: VecDeque::with_capacity(depth),
+            lost: None,
+            active: false,
+            gone: false,
+            qid,
+            windows: None,
+        }
+    }
+
+    pub(super) fn lose(&mut self, why: String) {
+        if self.lost.is_none() {
+            tracing::debug!(qid = self.qid, %why, "queue lost");
+            self.lost = Some(why);
+        }
+        // Nothing is reported after the loss: the initiator fails every command in flight.
+        self.done.clear();
+    }
+
+    /// A response capsule for this queue's qpair.
+    pub(super) fn response(&mut self, pg: &mut PollGroup<HostCommand>, capsule: &[u8]) {
+        let cqe = match Cqe::decode(capsule) {
+            Ok(c) => c,
+            Err(e) => {
+                self.lose(format!("malformed response: {e}"));
+                return;
+            }
+        };
+        let Some(&req) = self.by_cid.get(&cqe.cid) else {
+            // A response for no command in flight (duplicate or stale): a broken target.
+            tracing::warn!(
+                qid = self.qid,
+                cid = cqe.cid,
+                "response for no command in flight"
+            );
+            return;
+        };
+        let invalidated = pg.response_invalidated_rkey();
+        if let Some(r) = pg.request_mut(req) {
+            if r.user.cqe.is_some() {
+                tracing::warn!(
+                    qid = self.qid,
+                    cid = cqe.cid,
+                    "second response for a command"
+                );
+                return;
+            }
+            r.user.cqe = Some(cqe);
+            // The target is done with the window once it answers.
+            if let (Some(w), Some(Some(windows))) = (r.user.window.take(), self.windows.as_mut()) {
+                windows.answered(w, invalidated);
+            }
+        }
+        if let Err(e) = pg.response_received(req) {
+            tracing::warn!(qid = self.qid, cid = cqe.cid, %e, "response_received");
+        }
+    }
+
+    /// A command of this queue is finished on the wire (SEND completed and response in); the
+    /// request object is already back in the group.
+    pub(super) fn complete(&mut self, command: HostCommand, status: WcStatus) {
+        if status != WcStatus::Success {
+            self.lose(format!("command SEND failed: {status:?}"));
+            return;
+        }
+        let Some(cqe) = command.cqe else {
+            self.lose("request completed without a response".into());
+            return;
+        };
+        self.by_cid.remove(&cqe.cid);
+        if self.lost.is_none() {
+            self.done.push_back((cqe, command.data));
+        }
+    }
+}

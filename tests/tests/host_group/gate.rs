@@ -1,0 +1,71 @@
+//! A block device whose I/O stays in flight until the test opens its gate: makes "the qpair
+//! died while its block I/O was in flight" deterministic. No data is stored.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use nvmf_target::bdev::{
+    Bdev, BdevChannel, BdevError, BdevInfo, BdevOp, IoBuf, IoStatus, Submitted,
+};
+
+pub struct GateBdev {
+    info: BdevInfo,
+    open: Arc<AtomicBool>,
+    /// I/O completed so far (reaped by a poll).
+    pub reaped: Arc<AtomicUsize>,
+}
+
+impl GateBdev {
+    pub fn new(name: &str, blocks: u64, open: Arc<AtomicBool>) -> GateBdev {
+        GateBdev {
+            info: BdevInfo {
+                name: name.into(),
+                block_size: 512,
+                num_blocks: blocks,
+                volatile_cache: false,
+            },
+            open,
+            reaped: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+impl Bdev for GateBdev {
+    fn info(&self) -> &BdevInfo {
+        &self.info
+    }
+    fn open_channel(&self) -> Result<Box<dyn BdevChannel>, BdevError> {
+        Ok(Box::new(GateChannel {
+            open: self.open.clone(),
+            reaped: self.reaped.clone(),
+            tags: Vec::new(),
+        }))
+    }
+}
+
+struct GateChannel {
+    open: Arc<AtomicBool>,
+    reaped: Arc<AtomicUsize>,
+    tags: Vec<u64>,
+}
+
+impl BdevChannel for GateChannel {
+    fn submit(&mut self, _op: BdevOp<'_>, _data: &mut IoBuf<'_, '_>, tag: u64) -> Submitted {
+        self.tags.push(tag);
+        Submitted::Queued
+    }
+    fn poll(&mut self, done: &mut dyn FnMut(u64, IoStatus)) -> usize {
+        if !self.open.load(Ordering::Acquire) {
+            return 0;
+        }
+        let n = self.tags.len();
+        for tag in self.tags.drain(..) {
+            done(tag, IoStatus::Success);
+        }
+        self.reaped.fetch_add(n, Ordering::AcqRel);
+        n
+    }
+    fn in_flight(&self) -> usize {
+        self.tags.len()
+    }
+}
