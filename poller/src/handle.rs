@@ -98,19 +98,12 @@ impl ReactorHandle {
         R: Send + 'static,
         F: FnOnce(&mut Reactor) -> R + Send + 'static,
     {
-        if self.is_current_thread() {
-            return Err(PollerError::WouldDeadlock {
+        // If the reactor exits before running the message, the message (and its sender) is
+        // dropped: the wait ends as Disconnected.
+        self.call_with(f, |rx| {
+            rx.recv().map_err(|_| PollerError::ReactorStopped {
                 reactor: self.shared.id,
-            });
-        }
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        self.send(move |r| {
-            // The caller may have given up waiting; nothing to do then.
-            let _ = tx.send(f(r));
-        })?;
-        // If the reactor exits before running the message, the message (and `tx`) is dropped.
-        rx.recv().map_err(|_| PollerError::ReactorStopped {
-            reactor: self.shared.id,
+            })
         })
     }
 
@@ -122,6 +115,27 @@ impl ReactorHandle {
         R: Send + 'static,
         F: FnOnce(&mut Reactor) -> R + Send + 'static,
     {
+        self.call_with(f, |rx| {
+            rx.recv_timeout(timeout).map_err(|e| match e {
+                crossbeam_channel::RecvTimeoutError::Timeout => PollerError::NoAnswer {
+                    reactor: self.shared.id,
+                    waited: timeout,
+                },
+                crossbeam_channel::RecvTimeoutError::Disconnected => PollerError::ReactorStopped {
+                    reactor: self.shared.id,
+                },
+            })
+        })
+    }
+
+    /// Send `f` to the reactor and let `wait` take its answer (refused from the reactor's own
+    /// thread, where any wait would deadlock).
+    fn call_with<R, F, W>(&self, f: F, wait: W) -> Result<R, PollerError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Reactor) -> R + Send + 'static,
+        W: FnOnce(&crossbeam_channel::Receiver<R>) -> Result<R, PollerError>,
+    {
         if self.is_current_thread() {
             return Err(PollerError::WouldDeadlock {
                 reactor: self.shared.id,
@@ -129,17 +143,10 @@ impl ReactorHandle {
         }
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.send(move |r| {
+            // The caller may have given up waiting; nothing to do then.
             let _ = tx.send(f(r));
         })?;
-        rx.recv_timeout(timeout).map_err(|e| match e {
-            crossbeam_channel::RecvTimeoutError::Timeout => PollerError::NoAnswer {
-                reactor: self.shared.id,
-                waited: timeout,
-            },
-            crossbeam_channel::RecvTimeoutError::Disconnected => PollerError::ReactorStopped {
-                reactor: self.shared.id,
-            },
-        })
+        wait(&rx)
     }
 
     /// Ask the reactor to stop: it drains its pollers (bounded by the drain timeout) and its
