@@ -9,10 +9,11 @@
 //! - [`IoBuf`]: the command's data, in memory the transport owns (see `iobuf.rs` for the
 //!   lending contract that asynchronous devices rely on).
 //!
-//! Files: `null.rs`, `malloc.rs`, `file.rs` (the only module of the crate allowed `unsafe`: it
+//! Files: `null.rs`, `malloc.rs`, `gate.rs` (holds I/O until told: for tests), `file.rs` (the only module of the crate allowed `unsafe`: it
 //! hands buffer addresses to the kernel), `iobuf.rs`.
 
 mod file;
+pub mod gate;
 mod iobuf;
 mod malloc;
 mod null;

@@ -8,7 +8,6 @@
 
 mod commands;
 mod daemon;
-mod gate;
 mod host;
 mod in_capsule;
 
@@ -17,7 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use gate::GateBdev;
 use host::{HostQueue, wait_until};
 use nvmf_poller::{Runtime, RuntimeConfig};
 use nvmf_protocol::fabrics::{
@@ -30,6 +28,7 @@ use nvmf_protocol::properties::{Cc, Csts, PropertyOffset};
 use nvmf_protocol::status::GenericStatus;
 use nvmf_protocol::{DISCOVERY_NQN, FixedStr, SglDescriptor, Sqe, StatusCode};
 use nvmf_target::bdev::MallocBdev;
+use nvmf_target::bdev::gate::GateBdev;
 use nvmf_target::nvme::{Limits, Namespace, Subsystem, Target};
 use nvmf_target::rdma::{DeviceListen, PollGroupConfig, RdmaConfig, RdmaTransport};
 use nvmf_target::transport_glue::{Command, NvmeHandler};

@@ -4,14 +4,11 @@
 //! target-side disconnect of one I/O qpair fails only that queue's in-flight commands while
 //! the other queues' held commands complete when released. On both soft fabrics.
 
-mod gate;
-
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gate::GateBdev;
 use nvmf_initiator::Error;
 use nvmf_initiator::clock::SystemClock;
 use nvmf_initiator::controller::{Controller, ControllerOptions, ReconnectPolicy};
@@ -20,6 +17,7 @@ use nvmf_initiator::queue::TransportAddress;
 use nvmf_initiator::rdma::{RdmaFabric, RdmaQueue};
 use nvmf_poller::{Runtime, RuntimeConfig};
 use nvmf_target::bdev::MallocBdev;
+use nvmf_target::bdev::gate::GateBdev;
 use nvmf_target::nvme::{Limits, Namespace, ReactorIo, Subsystem, Target};
 use nvmf_target::rdma::{DeviceListen, RdmaConfig, RdmaTransport};
 use nvmf_target::transport_glue::{Command, NvmeHandler};

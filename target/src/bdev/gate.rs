@@ -1,13 +1,14 @@
-//! A block device whose I/O stays in flight until the test opens its gate: makes "the qpair
-//! died while its block I/O was in flight" deterministic. No data is stored.
+//! [`GateBdev`]: a block device whose I/O stays in flight until its gate opens. For tests
+//! that need "the qpair died (or was reset, or aborted) while its block I/O was in flight"
+//! deterministically, in this crate's and in the end-to-end tests. Not configurable from TOML.
+//! No data is stored: reads return the buffer untouched.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use nvmf_target::bdev::{
-    Bdev, BdevChannel, BdevError, BdevInfo, BdevOp, IoBuf, IoStatus, Submitted,
-};
+use super::{Bdev, BdevChannel, BdevError, BdevInfo, BdevOp, IoBuf, IoStatus, Submitted};
 
+/// I/O completes (with success) only on a poll after the shared flag is set.
 pub struct GateBdev {
     info: BdevInfo,
     open: Arc<AtomicBool>,
@@ -16,6 +17,7 @@ pub struct GateBdev {
 }
 
 impl GateBdev {
+    /// `blocks` of 512 bytes; I/O waits while `open` is false.
     pub fn new(name: &str, blocks: u64, open: Arc<AtomicBool>) -> GateBdev {
         GateBdev {
             info: BdevInfo {
