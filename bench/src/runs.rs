@@ -12,7 +12,7 @@ use nvmf_initiator::controller::{Controller, ControllerOptions, ReconnectPolicy}
 use nvmf_initiator::perf::job::JobSpec;
 use nvmf_initiator::perf::runner::{RunConfig, run};
 use nvmf_initiator::perf::workload::Pattern;
-use nvmf_initiator::rdma::RdmaFabric;
+use nvmf_initiator::rdma::{HostGroupConfig, RdmaFabric};
 use nvmf_poller::{Runtime, RuntimeConfig};
 
 use crate::Common;
@@ -217,6 +217,19 @@ pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Res
 }
 
 /// (e) many qpairs on one target reactor.
+/// A host poll group for `io_queues` I/O queues of `depth` and the admin queues of
+/// `controllers` (depth 32, the initiator's default).
+fn host_group(io_queues: usize, controllers: usize, depth: usize) -> HostGroupConfig {
+    const ADMIN_DEPTH: usize = 32;
+    // A queue holds at least 2 entries (host_options and the NVMe SQSIZE minimum).
+    let depth = depth.max(2);
+    HostGroupConfig {
+        max_queues: (io_queues + controllers) as u32,
+        max_queue_depth: depth.max(ADMIN_DEPTH) as u32,
+        requests: (io_queues * depth + controllers * ADMIN_DEPTH) as u32,
+    }
+}
+
 pub fn qpairs(
     common: &Common,
     counts: &[usize],
@@ -254,7 +267,6 @@ pub fn qpairs(
             .unwrap_or_else(|| "self".into());
         Ok(target::rss_kib(&pid)? as f64 / 1024.0)
     };
-    let fabric = RdmaFabric::new(transport, None).context("host fabric")?;
     let address = host::address(transport, addr);
     let runtime = Runtime::start(
         RuntimeConfig::new([common.host_core])
@@ -270,6 +282,11 @@ pub fn qpairs(
             let controllers_used = count.div_ceil(host::QUEUES_PER_CONTROLLER);
             let active = count.min(total_depth).max(1);
             let depth = (total_depth / active).max(1);
+            // All the host's queues share one host poll group: size it for this case (a
+            // fresh fabric per case, since a group's size is fixed when it is made).
+            let fabric = RdmaFabric::new(transport, None)
+                .context("host fabric")?
+                .group_config(host_group(count, controllers_used, depth));
             let mut controllers = host::connect(&fabric, &address, count, depth as u16)?;
             let connected_rss = rss()?;
             let spec = JobSpec {
@@ -318,8 +335,8 @@ pub fn qpairs(
     let whose = if fabric_name == "tcp" {
         "nvmf-tgt's own RSS (separate process)"
     } else {
-        "the whole process's RSS (target and host together: the host holds a poll group per \
-         queue)"
+        "the whole process's RSS (target and host together: the host's queues share one host \
+         poll group sized for the case, its receive slots included)"
     };
     Ok(Section {
         id: format!("qpairs-{fabric_name}"),
