@@ -68,11 +68,7 @@ fn read(io: &mut HostQueue, lba: u64, blocks: u32, at: usize) -> Vec<u8> {
 
 pub(crate) fn commands(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io, 1, cntlid);
+    let (mut admin, _, mut io) = rig.controller();
 
     // Identify Namespace 1, the active namespace list, the descriptors of namespace 1.
     let ns = IdentifyNamespace::decode(&identify(&mut admin, 1, 0)).unwrap();
@@ -227,11 +223,7 @@ pub(crate) fn commands(fabric: SoftFabric) {
 /// behind it); the write then completes successfully.
 pub(crate) fn abort_outstanding(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io, 1, cntlid);
+    let (mut admin, _, mut io) = rig.controller();
     rig.gate.store(false, Ordering::Release);
     io.write_data(0, &pattern(0x11, 4096));
     let mut write = rw(0x01, 0, 8, io.keyed(0, 4096));
@@ -273,11 +265,7 @@ pub(crate) fn abort_outstanding(fabric: SoftFabric) {
 /// buffer, slot and request goes back.
 pub(crate) fn abort_waiting(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io, 1, cntlid);
+    let (mut admin, _, mut io) = rig.controller();
     rig.gate.store(false, Ordering::Release);
     const BIG: usize = 64 * 1024;
     let mut held = Vec::new();

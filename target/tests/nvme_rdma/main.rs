@@ -58,6 +58,16 @@ struct Rig {
 }
 
 impl Rig {
+    /// A live controller: admin queue connected and enabled, and I/O queue 1 (depth 32).
+    fn controller(&self) -> (HostQueue, u16, HostQueue) {
+        let mut admin = HostQueue::connect(self.addr, 0, 32);
+        let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
+        enable(&mut admin);
+        let mut io = HostQueue::connect(self.addr, 1, 32);
+        connect(&mut io, 1, cntlid);
+        (admin, cntlid, io)
+    }
+
     fn new(fabric: SoftFabric) -> Rig {
         Rig::with_group(fabric, |_| {})
     }
@@ -525,11 +535,7 @@ fn discovery(fabric: SoftFabric) {
 /// back.
 fn abort_in_flight(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io, 1, cntlid);
+    let (admin, _, mut io) = rig.controller();
     rig.gate.store(false, Ordering::Release);
     let mut write = rw(0x01, 0, 16, io.keyed(0, 8192));
     write.nsid = 2;
@@ -561,11 +567,7 @@ fn abort_in_flight(fabric: SoftFabric) {
 /// and after the old write completes and its queue is dropped.
 fn qpair_slot_reused_while_queue_lingers(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io1 = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io1, 1, cntlid);
+    let (admin, cntlid, mut io1) = rig.controller();
     rig.gate.store(false, Ordering::Release);
     let mut write = rw(0x01, 0, 8, io1.keyed(0, 4096));
     write.nsid = 2;
@@ -614,11 +616,7 @@ fn qpair_slot_reused_while_queue_lingers(fabric: SoftFabric) {
 /// group (and the buffers the device writes into) is not dropped under the I/O.
 fn stop_waits_for_block_io(fabric: SoftFabric) {
     let mut rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io, 1, cntlid);
+    let (admin, _, mut io) = rig.controller();
     rig.gate.store(false, Ordering::Release);
     let mut write = rw(0x01, 0, 16, io.keyed(0, 8192));
     write.nsid = 2;
@@ -650,11 +648,7 @@ fn stop_waits_for_block_io(fabric: SoftFabric) {
 /// I/O qpairs by itself and frees everything.
 fn keep_alive_expiry(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io, 1, cntlid);
+    let (mut admin, cntlid, mut io) = rig.controller();
     // The daemon sweeps on a timer; here the clock is moved past KATO instead of waited for.
     let later = std::time::Instant::now() + Duration::from_secs(3600);
     assert_eq!(rig.target.reap_expired(later), vec![cntlid]);
@@ -699,11 +693,7 @@ fn async_event(fabric: SoftFabric) {
 /// buffers in order, none is dropped; 16 reads at once bring every byte back.
 fn queue_full(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io, 1, cntlid);
+    let (admin, _, mut io) = rig.controller();
     const UNIT: usize = 65536;
     let mut writes = Vec::new();
     let mut data = Vec::new();
@@ -783,11 +773,7 @@ fn set_cc_en(en: bool) -> Sqe {
 /// queue stays, and after enabling again the host creates an I/O queue and does I/O.
 fn controller_reset(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io1 = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io1, 1, cntlid);
+    let (mut admin, cntlid, mut io1) = rig.controller();
     let mut io2 = HostQueue::connect(rig.addr, 2, 32);
     connect(&mut io2, 2, cntlid);
     let aer = admin.send_tracked(Sqe::new(0x0C, 0, 0));
@@ -873,11 +859,7 @@ fn split_sgl(host: &HostQueue, base: usize, lens: &[u32]) -> (SglDescriptor, Vec
 /// written and read back intact, in several chains each way.
 fn large_transfers(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let mut admin = HostQueue::connect(rig.addr, 0, 32);
-    let cntlid = connect(&mut admin, 0, CNTLID_DYNAMIC);
-    enable(&mut admin);
-    let mut io = HostQueue::connect(rig.addr, 1, 32);
-    connect(&mut io, 1, cntlid);
+    let (admin, _, mut io) = rig.controller();
     const LEN: usize = 131072;
     let blocks = (LEN / BLOCK as usize) as u32;
 
