@@ -239,67 +239,68 @@ fn deliver_inner(
             }
         }
     }
-    let Some(recv) = peer.pop_recv() else {
-        return Outcome::Rnr {
-            timer: peer.min_rnr_timer(),
+    // The receive is used in place (a callback: no move of the entry out of the queue).
+    let consumed = peer.pop_recv_with(|recv_wr_id, recv_sges| {
+        let fail_recv = |status: WcStatus| {
+            peer.complete_recv(
+                WorkCompletion {
+                    wr_id: recv_wr_id,
+                    status,
+                    opcode: WcOpcode::Recv,
+                    src_qp: req.qp_num(),
+                    ..Default::default()
+                },
+                false,
+            );
+            peer.enter_err(false);
         };
-    };
-    let fail_recv = |status: WcStatus| {
-        peer.complete_recv(
-            WorkCompletion {
-                wr_id: recv.wr_id,
-                status,
-                opcode: WcOpcode::Recv,
-                src_qp: req.qp_num(),
-                ..Default::default()
-            },
-            false,
-        );
-        peer.enter_err(false);
-    };
-    let mut recv_dst = SgList::new();
-    let dst = if write.is_some() {
-        &write_dst
-    } else {
-        match mem::resolve_local_into(
-            &mut recv_dst,
-            &peer.dev().keys,
-            peer.recv_pd(),
-            recv.sges(),
-            Access::LOCAL_WRITE,
-        ) {
-            Ok(()) => &recv_dst,
-            Err(_) => {
-                fail_recv(WcStatus::LocProtErr);
+        let mut recv_dst = SgList::new();
+        let dst = if write.is_some() {
+            &write_dst
+        } else {
+            match mem::resolve_local_into(
+                &mut recv_dst,
+                &peer.dev().keys,
+                peer.recv_pd(),
+                recv_sges,
+                Access::LOCAL_WRITE,
+            ) {
+                Ok(()) => &recv_dst,
+                Err(_) => {
+                    fail_recv(WcStatus::LocProtErr);
+                    return Outcome::Fail(WcStatus::RemOpErr);
+                }
+            }
+        };
+        if write.is_none() && len > dst.total() {
+            fail_recv(WcStatus::LocLenErr);
+            return Outcome::Fail(WcStatus::RemInvReqErr);
+        }
+        if let Some(rkey) = inv {
+            if !peer.dev().keys.invalidate_rkey(rkey, peer.pd()) {
+                fail_recv(WcStatus::RemInvReqErr);
                 return Outcome::Fail(WcStatus::RemOpErr);
             }
         }
-    };
-    if write.is_none() && len > dst.total() {
-        fail_recv(WcStatus::LocLenErr);
-        return Outcome::Fail(WcStatus::RemInvReqErr);
-    }
-    if let Some(rkey) = inv {
-        if !peer.dev().keys.invalidate_rkey(rkey, peer.pd()) {
-            fail_recv(WcStatus::RemInvReqErr);
-            return Outcome::Fail(WcStatus::RemOpErr);
-        }
-    }
-    src.copy_to(dst);
-    peer.complete_recv(
-        WorkCompletion {
-            wr_id: recv.wr_id,
-            status: WcStatus::Success,
-            opcode,
+        src.copy_to(dst);
+        peer.complete_recv(
+            WorkCompletion {
+                wr_id: recv_wr_id,
+                status: WcStatus::Success,
+                opcode,
+                byte_len: len as u32,
+                src_qp: req.qp_num(),
+                imm_data: imm,
+                invalidated_rkey: inv,
+                ..Default::default()
+            },
+            wr.solicited,
+        );
+        Outcome::Done {
             byte_len: len as u32,
-            src_qp: req.qp_num(),
-            imm_data: imm,
-            invalidated_rkey: inv,
-            ..Default::default()
-        },
-        wr.solicited,
-    );
-    Outcome::Done {
-        byte_len: len as u32,
-    }
+        }
+    });
+    consumed.unwrap_or_else(|| Outcome::Rnr {
+        timer: peer.min_rnr_timer(),
+    })
 }

@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crossbeam_queue::ArrayQueue;
+use arrayvec::ArrayVec;
 
 use super::cq::{CqInner, Cqe};
 use super::device::{self, DeviceInner, SoftPd};
 use super::inproc::{self, Data, Outcome, WrView};
 use super::mem::{self, SOFT_MAX_SGE};
-use super::srq::{RecvEntry, SrqInner};
+use super::srq::{RecvQueue, SrqInner};
 use super::tcp::{self, Conn};
 use super::{Soft, SoftCq, SoftSrq};
 use crate::error::{PostError, Result, TransportError};
@@ -198,6 +198,18 @@ impl Slow {
     }
 }
 
+/// A receive taken off a receive queue (see `QpShared::pop_recv`).
+pub(crate) struct PoppedRecv {
+    pub(crate) wr_id: u64,
+    sges: ArrayVec<Sge, SOFT_MAX_SGE>,
+}
+
+impl PoppedRecv {
+    pub(crate) fn sges(&self) -> &[Sge] {
+        &self.sges
+    }
+}
+
 /// What the retry accounting decided for a stalled head.
 pub(crate) enum Stall {
     Wait(Instant),
@@ -221,7 +233,7 @@ pub(crate) struct QpShared {
     link_down: AtomicBool,
     send_cq: Arc<CqInner>,
     recv_cq: Arc<CqInner>,
-    rq: Option<ArrayQueue<RecvEntry>>,
+    rq: Option<RecvQueue>,
     srq: Option<Arc<SrqInner>>,
     caps: QpCaps,
     sig_all: bool,
@@ -329,11 +341,22 @@ impl QpShared {
         !self.destroyed.load(Ordering::Acquire) && !self.link_down.load(Ordering::Acquire)
     }
 
-    /// Take a receive for an incoming message (any thread).
-    pub(crate) fn pop_recv(&self) -> Option<RecvEntry> {
+    /// Take a receive for an incoming message, owned (the TCP fabric's responder). The
+    /// in-process fast path uses [`pop_recv_with`](Self::pop_recv_with), which moves less.
+    pub(crate) fn pop_recv(&self) -> Option<PoppedRecv> {
+        self.pop_recv_with(|wr_id, sges| PoppedRecv {
+            wr_id,
+            sges: sges.iter().copied().collect(),
+        })
+    }
+
+    /// Take a receive for an incoming message (any thread) and hand its `wr_id` and SGEs to
+    /// `use_recv` (see `RecvQueue::pop_with`); None when no receive is posted.
+    #[inline]
+    pub(crate) fn pop_recv_with<R>(&self, use_recv: impl FnOnce(u64, &[Sge]) -> R) -> Option<R> {
         match (&self.rq, &self.srq) {
-            (Some(rq), _) => rq.pop(),
-            (None, Some(srq)) => srq.pop(),
+            (Some(rq), _) => rq.pop_with(use_recv),
+            (None, Some(srq)) => srq.pop_with(use_recv),
             (None, None) => None,
         }
     }
@@ -475,8 +498,8 @@ impl QpShared {
 
     fn after_err(&self) {
         if let Some(rq) = &self.rq {
-            while let Some(r) = rq.pop() {
-                self.flush_recv(r.wr_id);
+            while let Some(wr_id) = rq.pop_with(|wr_id, _| wr_id) {
+                self.flush_recv(wr_id);
             }
         }
         self.maybe_last_wqe();
@@ -769,7 +792,7 @@ impl QpShared {
     fn to_reset(&self, destroy: bool) {
         self.set_state(QpState::Reset);
         if let Some(rq) = &self.rq {
-            while rq.pop().is_some() {}
+            while rq.pop_with(|_, _| ()).is_some() {}
         }
         let mut g = self.lock();
         while let Some(e) = g.sq.pop_front() {
@@ -887,7 +910,10 @@ impl SoftQp {
             rq: if init.srq.is_some() {
                 None
             } else {
-                Some(ArrayQueue::new(granted.max_recv_wr as usize))
+                Some(RecvQueue::new(
+                    granted.max_recv_wr as usize,
+                    granted.max_recv_sge,
+                ))
             },
             srq: init.srq.map(|s| s.inner.clone()),
             caps: granted,
@@ -1081,7 +1107,7 @@ impl SoftQp {
 
     /// Receives currently posted on this QP's own receive queue.
     pub fn posted_recvs(&self) -> usize {
-        self.sh.rq.as_ref().map_or(0, ArrayQueue::len)
+        self.sh.rq.as_ref().map_or(0, RecvQueue::len)
     }
 }
 
@@ -1176,7 +1202,7 @@ impl QpOps for SoftQp {
                 sh.flush_recv(wr.wr_id);
                 continue;
             }
-            if rq.push(RecvEntry::new(wr)).is_err() {
+            if !rq.push(wr) {
                 return Err(PostError {
                     failed_index: i,
                     error: TransportError::QueueFull("receive"),
@@ -1184,8 +1210,8 @@ impl QpOps for SoftQp {
             }
             // A flush that raced with this post: the receive must not linger.
             if sh.state() == QpState::Err {
-                while let Some(r) = rq.pop() {
-                    sh.flush_recv(r.wr_id);
+                while let Some(wr_id) = rq.pop_with(|wr_id, _| wr_id) {
+                    sh.flush_recv(wr_id);
                 }
             }
         }

@@ -1,4 +1,4 @@
-//! Shared receive queues and the receive-entry type shared with per-QP receive queues: a
+//! Shared receive queues and the receive queue type shared with per-QP receive queues: a
 //! lock-free bounded queue posted by the owner and consumed by whichever thread delivers an
 //! incoming message (the peer's, in-process), plus the SRQ limit event (one-shot, re-armed by
 //! `set_limit`, as in verbs).
@@ -14,18 +14,20 @@ use crate::error::{PostError, Result, TransportError};
 use crate::provider::SrqOps;
 use crate::types::*;
 
-/// A posted receive, copied out of the caller's `RecvWr` (fixed size: posting never allocates).
+/// A posted receive, copied out of the caller's `RecvWr` (fixed size: posting never
+/// allocates), holding at most `N` SGEs.
 #[derive(Clone, Copy)]
-pub(crate) struct RecvEntry {
-    pub(crate) wr_id: u64,
+struct RecvEntry<const N: usize> {
+    wr_id: u64,
     n: u8,
-    sges: [Sge; SOFT_MAX_SGE],
+    sges: [Sge; N],
 }
 
-impl RecvEntry {
-    pub(crate) fn new(wr: &RecvWr<'_>) -> RecvEntry {
-        let mut sges = [Sge::default(); SOFT_MAX_SGE];
-        let n = wr.sges.len().min(SOFT_MAX_SGE);
+impl<const N: usize> RecvEntry<N> {
+    /// `wr.sges.len() <= N` (the queue's max SGEs, checked by the poster).
+    fn new(wr: &RecvWr<'_>) -> RecvEntry<N> {
+        let mut sges = [Sge::default(); N];
+        let n = wr.sges.len().min(N);
         sges[..n].copy_from_slice(&wr.sges[..n]);
         RecvEntry {
             wr_id: wr.wr_id,
@@ -33,8 +35,61 @@ impl RecvEntry {
             sges,
         }
     }
-    pub(crate) fn sges(&self) -> &[Sge] {
-        &self.sges[..self.n as usize]
+    fn sges(&self) -> &[Sge] {
+        &self.sges[..usize::from(self.n)]
+    }
+}
+
+/// A receive queue (a QP's own or an SRQ's): lock-free and bounded, posted by the owner and
+/// popped by whichever thread delivers a message. Its entries are sized for the queue's max
+/// SGEs: an entry is copied in on post and out on pop, across cores, and a one-SGE entry (what
+/// NVMe-oF posts) is 32 bytes where a 16-SGE one is 272.
+pub(crate) struct RecvQueue(Entries);
+
+/// A [`RecvQueue`]'s queue, by entry size.
+enum Entries {
+    One(ArrayQueue<RecvEntry<1>>),
+    Four(ArrayQueue<RecvEntry<4>>),
+    Max(ArrayQueue<RecvEntry<SOFT_MAX_SGE>>),
+}
+
+impl RecvQueue {
+    /// `depth` receives of up to `max_sge` SGEs (at most [`SOFT_MAX_SGE`]).
+    pub(crate) fn new(depth: usize, max_sge: u32) -> RecvQueue {
+        RecvQueue(match max_sge {
+            0 | 1 => Entries::One(ArrayQueue::new(depth)),
+            2..=4 => Entries::Four(ArrayQueue::new(depth)),
+            _ => Entries::Max(ArrayQueue::new(depth)),
+        })
+    }
+
+    /// Post `wr` (its SGEs within the queue's max, checked by the caller); false when full.
+    pub(crate) fn push(&self, wr: &RecvWr<'_>) -> bool {
+        match &self.0 {
+            Entries::One(q) => q.push(RecvEntry::new(wr)).is_ok(),
+            Entries::Four(q) => q.push(RecvEntry::new(wr)).is_ok(),
+            Entries::Max(q) => q.push(RecvEntry::new(wr)).is_ok(),
+        }
+    }
+
+    /// Take the oldest receive and hand its `wr_id` and SGEs to `use_recv` (a callback, so the
+    /// entry is not moved again on its way out).
+    #[inline]
+    pub(crate) fn pop_with<R>(&self, use_recv: impl FnOnce(u64, &[Sge]) -> R) -> Option<R> {
+        match &self.0 {
+            Entries::One(q) => q.pop().map(|e| use_recv(e.wr_id, e.sges())),
+            Entries::Four(q) => q.pop().map(|e| use_recv(e.wr_id, e.sges())),
+            Entries::Max(q) => q.pop().map(|e| use_recv(e.wr_id, e.sges())),
+        }
+    }
+
+    /// Receives posted and not yet consumed.
+    pub(crate) fn len(&self) -> usize {
+        match &self.0 {
+            Entries::One(q) => q.len(),
+            Entries::Four(q) => q.len(),
+            Entries::Max(q) => q.len(),
+        }
     }
 }
 
@@ -43,7 +98,7 @@ pub(crate) struct SrqInner {
     pub(crate) pd: u32,
     max_wr: u32,
     max_sge: u32,
-    q: ArrayQueue<RecvEntry>,
+    q: RecvQueue,
     limit: AtomicU32,
     dev: Arc<DeviceInner>,
 }
@@ -53,9 +108,10 @@ impl SrqInner {
         &self.dev
     }
 
-    /// Take a receive for an incoming message (any thread).
-    pub(crate) fn pop(&self) -> Option<RecvEntry> {
-        let r = self.q.pop()?;
+    /// Take a receive for an incoming message (any thread): see [`RecvQueue::pop_with`].
+    #[inline]
+    pub(crate) fn pop_with<R>(&self, use_recv: impl FnOnce(u64, &[Sge]) -> R) -> Option<R> {
+        let r = self.q.pop_with(use_recv)?;
         let limit = self.limit.load(Ordering::Relaxed);
         if limit != 0 && (self.q.len() as u32) < limit && self.limit.swap(0, Ordering::AcqRel) != 0
         {
@@ -77,7 +133,7 @@ impl SrqInner {
                     )),
                 });
             }
-            if self.q.push(RecvEntry::new(wr)).is_err() {
+            if !self.q.push(wr) {
                 return Err(PostError {
                     failed_index: i,
                     error: TransportError::QueueFull("SRQ"),
@@ -118,7 +174,7 @@ impl SoftSrq {
             pd: pd.id(),
             max_wr: init.max_wr,
             max_sge: init.max_sge.max(1),
-            q: ArrayQueue::new(init.max_wr as usize),
+            q: RecvQueue::new(init.max_wr as usize, init.max_sge.max(1)),
             limit: AtomicU32::new(init.limit),
             dev: dev.clone(),
         });
