@@ -39,7 +39,11 @@ const REMOTE_KEY: u32 = 1 << 31;
 /// Slot flag: this slot is a type-2 memory window (an rkey that binds and invalidates).
 const WINDOW: u32 = 1 << 30;
 
+/// One key. A slot per cache line: an MR's lkey and rkey slots are neighbours, and the two
+/// sides of a connection pin them (the owner its lkey, the peer the rkey), each writing the
+/// slot's `state`; sharing a line, every lookup missed the cache.
 #[derive(Default)]
+#[repr(align(64))]
 struct KeySlot {
     state: AtomicU64,
     addr: AtomicU64,

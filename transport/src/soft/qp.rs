@@ -210,6 +210,19 @@ impl PoppedRecv {
     }
 }
 
+/// A value on a cache line of its own (128 bytes: the adjacent-line prefetcher pairs lines),
+/// so writes to it do not invalidate its neighbours in other cores' caches.
+#[repr(align(128))]
+#[derive(Default)]
+struct OwnLine<T>(T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// What the retry accounting decided for a stalled head.
 pub(crate) enum Stall {
     Wait(Instant),
@@ -251,8 +264,10 @@ pub(crate) struct QpShared {
     /// Responder resources (RTR `max_dest_rd_atomic`). The soft responder answers each READ
     /// as it arrives, so it never holds more than one; recorded for completeness.
     max_dest_rd_atomic: AtomicU8,
-    /// Deliveries into this QP's receive side in progress (for LAST_WQE_REACHED).
-    in_delivery: AtomicU32,
+    /// Deliveries into this QP's receive side in progress (for LAST_WQE_REACHED). Written by
+    /// the peer's thread twice per message: on a line of its own, so the owner's reads of the
+    /// fields around it (state, caps, ...) on every post do not miss the cache.
+    in_delivery: OwnLine<AtomicU32>,
     last_wqe_raised: AtomicBool,
     /// Send queue slots retired by polled completions (sequence of the next unretired WR).
     retired: Arc<AtomicU64>,
@@ -926,7 +941,7 @@ impl SoftQp {
             published_psn: AtomicU32::new(0),
             max_rd_atomic: AtomicU8::new(0),
             max_dest_rd_atomic: AtomicU8::new(0),
-            in_delivery: AtomicU32::new(0),
+            in_delivery: OwnLine(AtomicU32::new(0)),
             last_wqe_raised: AtomicBool::new(false),
             retired: Arc::new(AtomicU64::new(0)),
             stalled: AtomicBool::new(false),
