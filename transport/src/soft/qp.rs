@@ -442,29 +442,33 @@ impl QpShared {
         if status == WcStatus::Success && !signaled {
             return;
         }
-        self.send_cq.push(Cqe {
-            wc: WorkCompletion {
-                wr_id,
-                status,
-                opcode: send_opcode(op),
-                byte_len,
-                qp_num: self.qp_num,
-                ..Default::default()
+        self.send_cq.push(
+            Cqe {
+                wc: WorkCompletion {
+                    wr_id,
+                    status,
+                    opcode: send_opcode(op),
+                    byte_len,
+                    qp_num: self.qp_num,
+                    ..Default::default()
+                },
+                retire: Some((self.retired.clone(), seq)),
             },
-            retire: Some((self.retired.clone(), seq)),
-            solicited: false,
-        });
+            false,
+        );
     }
 
     pub(crate) fn complete_recv(&self, wc: WorkCompletion, solicited: bool) {
-        self.recv_cq.push(Cqe {
-            wc: WorkCompletion {
-                qp_num: self.qp_num,
-                ..wc
+        self.recv_cq.push(
+            Cqe {
+                wc: WorkCompletion {
+                    qp_num: self.qp_num,
+                    ..wc
+                },
+                retire: None,
             },
-            retire: None,
             solicited,
-        });
+        );
     }
 
     fn flush_recv(&self, wr_id: u64) {
