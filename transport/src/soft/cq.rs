@@ -174,7 +174,10 @@ impl CqInner {
             if self.faults_used.load(Ordering::Acquire) && self.held_nonempty() {
                 n = self.poll_held(out, 0);
             }
-            while n < out.len() {
+            // Pop only what is there: a pop that finds the queue empty costs a SeqCst fence
+            // (crossbeam's emptiness check), which a busy poller would pay on every poll.
+            let ready = self.q.len().min(out.len() - n);
+            for _ in 0..ready {
                 let Some(c) = self.q.pop() else { break };
                 out[n] = Self::reap(c);
                 n += 1;
