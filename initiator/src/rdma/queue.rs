@@ -171,7 +171,7 @@ impl RdmaQueue {
             let side = Some(&*side);
             return self.check_side(side);
         }
-        if side.by_cid.contains_key(&sqe.cid) {
+        if side.by_cid.contains(sqe.cid) {
             return Err(QueueError::Invalid(format!(
                 "CID {} already in flight",
                 sqe.cid
