@@ -116,27 +116,17 @@ impl RdmaQueue {
         }
     }
 
-    /// Region range a keyed SGL of `sqe` names (None: no region data for this command).
-    fn keyed_range(&self, side: &Side, sqe: &Sqe) -> Result<Option<Range<usize>>, QueueError> {
-        let Ok(SglDescriptor::KeyedDataBlock {
-            address,
-            length,
-            key,
-            ..
-        }) = sqe.sgl1()
-        else {
-            return Ok(None);
-        };
-        let length = length.get() as usize;
-        if length == 0 {
-            return Ok(None);
-        }
+    /// Region range a keyed SGL (address, length, key) names.
+    fn keyed_range(
+        &self,
+        side: &Side,
+        (address, length, key): KeyedSgl,
+    ) -> Result<Range<usize>, QueueError> {
         if key != self.mr.rkey() {
             return match side.windows.as_ref().and_then(Option::as_ref) {
                 Some(w) => w
                     .prepared_range(key)
                     .filter(|r| r.len() == length)
-                    .map(Some)
                     .ok_or_else(|| {
                         QueueError::Invalid(format!("SGL key {key:#x} names no bound window"))
                     }),
@@ -152,7 +142,7 @@ impl RdmaQueue {
             .ok_or_else(|| {
                 QueueError::Invalid(format!("SGL {address:#x}+{length} outside the region"))
             })?;
-        Ok(Some(start..start + length))
+        Ok(start..start + length)
     }
 
     /// Submits under the group's lock.
@@ -177,7 +167,9 @@ impl RdmaQueue {
                 sqe.cid
             )));
         }
-        let region = self.keyed_range(side, sqe)?;
+        // SGL1 parsed once: the region range and the window key both come from it.
+        let keyed = keyed_sgl(sqe);
+        let region = keyed.map(|k| self.keyed_range(side, k)).transpose()?;
         let (to_target, from_target) = directions(sqe);
         let data = region.clone().filter(|_| from_target);
         let req = match pg.submit(self.handle) {
@@ -210,7 +202,10 @@ impl RdmaQueue {
         pg.buffer_mut(req, 0)[..64].copy_from_slice(&sqe.to_bytes());
         // A window named by the SGL is bound in the same chain, ahead of the SEND (after a
         // local invalidate when the target left its previous key valid).
-        let window = match sgl_key(sqe).filter(|k| *k != self.mr.rkey()) {
+        let window = match keyed
+            .map(|(_, _, key)| key)
+            .filter(|k| *k != self.mr.rkey())
+        {
             Some(key) => side
                 .windows
                 .as_mut()
@@ -282,10 +277,18 @@ impl RdmaQueue {
     }
 }
 
-/// The key of a keyed SGL1, if it is one.
-fn sgl_key(sqe: &Sqe) -> Option<u32> {
+/// A keyed SGL's (address, length, key).
+type KeyedSgl = (u64, usize, u32);
+
+/// SGL1 when it is a keyed data block with data (None: no region data for this command).
+fn keyed_sgl(sqe: &Sqe) -> Option<KeyedSgl> {
     match sqe.sgl1() {
-        Ok(SglDescriptor::KeyedDataBlock { key, length, .. }) if length.get() > 0 => Some(key),
+        Ok(SglDescriptor::KeyedDataBlock {
+            address,
+            length,
+            key,
+            ..
+        }) if length.get() > 0 => Some((address, length.get() as usize, key)),
         _ => None,
     }
 }
