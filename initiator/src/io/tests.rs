@@ -368,3 +368,32 @@ fn a_window_key_works_once_and_only_over_its_range() {
         StatusCode::Generic(GenericStatus::DataTransferError)
     );
 }
+
+#[test]
+fn a_batch_shares_one_time_stamp_until_the_next_poll() {
+    let (_target, mut c, clock) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    let ms = Duration::from_millis(1);
+    let latencies = |q: &mut IoQueue<crate::loopback::LoopbackQueue>| {
+        let mut done: Vec<(u64, Duration)> = collect(q, 2)
+            .iter()
+            .map(|(c, _)| (c.token, c.latency))
+            .collect();
+        done.sort();
+        done
+    };
+    q.begin_batch();
+    q.submit_read(&ns, 0, 1, 1).unwrap();
+    clock.advance(ms);
+    q.submit_read(&ns, 1, 1, 2).unwrap();
+    clock.advance(ms);
+    // Both stamped at the batch's first submission.
+    assert_eq!(latencies(q), vec![(1, 2 * ms), (2, 2 * ms)]);
+    // The poll closed the batch: each submission reads the clock again.
+    q.submit_read(&ns, 0, 1, 3).unwrap();
+    clock.advance(ms);
+    q.submit_read(&ns, 1, 1, 4).unwrap();
+    clock.advance(ms);
+    assert_eq!(latencies(q), vec![(3, 2 * ms), (4, ms)]);
+}

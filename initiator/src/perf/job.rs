@@ -166,6 +166,8 @@ impl<Q: HostQueue> Job<Q> {
     /// Fill the queue, reap completions; returns the completions handled.
     pub fn step(&mut self) -> usize {
         if !self.stopping && self.queue.is_connected() {
+            // One clock read for the whole refill (the latency resolution is one pass).
+            self.queue.begin_batch();
             self.submit_some();
         }
         let (before_ios, before_bytes) =

@@ -10,10 +10,12 @@
 //! - `group.rs`: the host poll group one reactor's queues share (one CQ, request objects,
 //!   receive slots), which group a queue joins, how groups are sized;
 //! - `side.rs`: one queue's state inside its group (commands by CID, CQEs reaped for it);
+//! - `by_cid.rs`: the table of a queue's commands in flight by CID;
 //! - `queue.rs`: [`RdmaQueue`], the `HostQueue` over a qpair of a group;
 //! - `windows.rs`: per-I/O keys (`bind_window`), a pool of memory windows per queue, where the
 //!   device has them.
 
+mod by_cid;
 mod group;
 mod queue;
 mod side;

@@ -80,6 +80,14 @@ impl RdmaQueue {
         self.check()
     }
 
+    /// Mirrors a loss the group reported (`why`) unless one is known already; Err.
+    fn lose(&mut self, why: String) -> Result<(), QueueError> {
+        if self.lost.is_none() {
+            self.lost = Some(why);
+        }
+        self.check()
+    }
+
     fn check(&self) -> Result<(), QueueError> {
         match &self.lost {
             Some(why) => Err(QueueError::Disconnected(format!(
@@ -90,53 +98,17 @@ impl RdmaQueue {
         }
     }
 
-    /// CM events for this queue's connection (peer disconnect).
-    fn cm_events(&mut self, g: &mut HostGroup) {
-        loop {
-            match self.channel.poll_event() {
-                Ok(Some(ev)) => {
-                    if matches!(
-                        ev.kind,
-                        CmEventKind::Disconnected | CmEventKind::DeviceRemoval
-                    ) {
-                        if let Some(side) = g.router.side(self.token) {
-                            side.lose(format!("{:?}", ev.kind));
-                        }
-                    }
-                    g.pg.handle_cm_event(&mut g.router, self.qp_num, &ev.kind);
-                }
-                Ok(None) => return,
-                Err(e) => {
-                    if let Some(side) = g.router.side(self.token) {
-                        side.lose(format!("CM channel: {e}"));
-                    }
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Region range a keyed SGL of `sqe` names (None: no region data for this command).
-    fn keyed_range(&self, side: &Side, sqe: &Sqe) -> Result<Option<Range<usize>>, QueueError> {
-        let Ok(SglDescriptor::KeyedDataBlock {
-            address,
-            length,
-            key,
-            ..
-        }) = sqe.sgl1()
-        else {
-            return Ok(None);
-        };
-        let length = length.get() as usize;
-        if length == 0 {
-            return Ok(None);
-        }
+    /// Region range a keyed SGL (address, length, key) names.
+    fn keyed_range(
+        &self,
+        side: &Side,
+        (address, length, key): KeyedSgl,
+    ) -> Result<Range<usize>, QueueError> {
         if key != self.mr.rkey() {
             return match side.windows.as_ref().and_then(Option::as_ref) {
                 Some(w) => w
                     .prepared_range(key)
                     .filter(|r| r.len() == length)
-                    .map(Some)
                     .ok_or_else(|| {
                         QueueError::Invalid(format!("SGL key {key:#x} names no bound window"))
                     }),
@@ -152,49 +124,106 @@ impl RdmaQueue {
             .ok_or_else(|| {
                 QueueError::Invalid(format!("SGL {address:#x}+{length} outside the region"))
             })?;
-        Ok(Some(start..start + length))
+        Ok(start..start + length)
     }
 
-    /// Submits under the group's lock.
+    /// Polls under the group's lock, through disjoint borrows of the queue's fields (no `Arc`
+    /// clone per poll). Err: the queue is lost, for that reason.
+    fn poll_locked(&mut self, out: &mut [Cqe]) -> Result<usize, String> {
+        let RdmaQueue {
+            group,
+            token,
+            mr,
+            host,
+            channel,
+            qp_num,
+            seen_polls,
+            idle_polls,
+            ..
+        } = self;
+        let mut g = lock(group);
+        let empty = g
+            .router
+            .side(*token)
+            .is_none_or(|side| side.done.is_empty());
+        // Report what is already reaped first: a CQE taken from the CQ is never dropped. The CQ
+        // is polled only when no other queue of the group did since this one last looked.
+        if empty && g.polls == *seen_polls {
+            g.poll();
+            let idle = g
+                .router
+                .side(*token)
+                .is_none_or(|side| side.done.is_empty());
+            // Idle polls look at the CM channel now and then (a syscall on verbs): a peer's
+            // disconnect usually shows first as flushed work on the CQ anyway.
+            if idle {
+                *idle_polls = idle_polls.wrapping_add(1);
+                if *idle_polls % CM_CHECK_EVERY == 0 {
+                    cm_events(channel, *token, *qp_num, &mut g);
+                }
+            }
+        }
+        *seen_polls = g.polls;
+        let Some(side) = g.router.side(*token) else {
+            return Err("left the poll group".into());
+        };
+        if let Some(why) = &side.lost {
+            return Err(why.clone());
+        }
+        let n = out.len().min(side.done.len());
+        for slot in out[..n].iter_mut() {
+            let Some((cqe, data)) = side.done.pop_front() else {
+                break;
+            };
+            *slot = cqe;
+            if let Some(range) = data {
+                if let Err(e) = mr.read_at(range.start, &mut host[range]) {
+                    side.lose(format!("copy from the registered region: {e}"));
+                    return Err(side.lost.clone().unwrap_or_default());
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Submits under the group's lock. Takes `&self` so the caller locks through its own
+    /// field (no `Arc` clone per command); a loss is handed back for the caller to mirror.
     fn submit_locked(
-        &mut self,
+        &self,
         g: &mut HostGroup,
         sqe: &Sqe,
         inline: Range<usize>,
-    ) -> Result<(), QueueError> {
+    ) -> Result<(), Failed> {
         let token = self.token;
         let HostGroup { pg, router, .. } = g;
         let Some(side) = router.side(token) else {
-            return self.check_side(None);
+            return Err(Failed::left_group());
         };
-        if side.lost.is_some() {
-            let side = Some(&*side);
-            return self.check_side(side);
+        if let Some(why) = &side.lost {
+            return Err(Failed::Lost(why.clone()));
         }
-        if side.by_cid.contains_key(&sqe.cid) {
-            return Err(QueueError::Invalid(format!(
+        if side.by_cid.contains(sqe.cid) {
+            return Err(Failed::Refused(QueueError::Invalid(format!(
                 "CID {} already in flight",
                 sqe.cid
-            )));
+            ))));
         }
-        let region = self.keyed_range(side, sqe)?;
+        // SGL1 parsed once: the region range and the window key both come from it.
+        let keyed = keyed_sgl(sqe);
+        let region = keyed.map(|k| self.keyed_range(side, k)).transpose()?;
         let (to_target, from_target) = directions(sqe);
         let data = region.clone().filter(|_| from_target);
         let req = match pg.submit(self.handle) {
             Ok(r) => r,
-            Err(TransportError::QueueFull(_)) => return Err(QueueError::Full),
-            Err(e) => {
-                side.lose(format!("submit: {e}"));
-                let side = Some(&*side);
-                return self.check_side(side);
-            }
+            Err(TransportError::QueueFull(_)) => return Err(QueueError::Full.into()),
+            Err(e) => return Err(Failed::lose(side, format!("submit: {e}"))),
         };
         match pg.alloc_buffers(req, 64) {
             Ok(BufferGrant::Ready) => {}
             Ok(BufferGrant::Waiting) | Err(_) => {
                 // A buffer per request object: only a broken group gets here.
                 pg.finish(req);
-                return Err(QueueError::Full);
+                return Err(QueueError::Full.into());
             }
         }
         for range in [region.filter(|_| to_target), Some(inline.clone())]
@@ -204,13 +233,16 @@ impl RdmaQueue {
         {
             if let Err(e) = self.mr.write_at(range.start, &self.host[range]) {
                 pg.finish(req);
-                return Err(QueueError::Invalid(format!("copy to the region: {e}")));
+                return Err(QueueError::Invalid(format!("copy to the region: {e}")).into());
             }
         }
         pg.buffer_mut(req, 0)[..64].copy_from_slice(&sqe.to_bytes());
         // A window named by the SGL is bound in the same chain, ahead of the SEND (after a
         // local invalidate when the target left its previous key valid).
-        let window = match sgl_key(sqe).filter(|k| *k != self.mr.rkey()) {
+        let window = match keyed
+            .map(|(_, _, key)| key)
+            .filter(|k| *k != self.mr.rkey())
+        {
             Some(key) => side
                 .windows
                 .as_mut()
@@ -273,19 +305,77 @@ impl RdmaQueue {
                 w.unpost(*i, stale);
             }
             pg.finish(req);
-            side.lose(format!("post: {e}"));
-            let side = Some(&*side);
-            return self.check_side(side);
+            return Err(Failed::lose(side, format!("post: {e}")));
         }
         side.by_cid.insert(sqe.cid, req);
         Ok(())
     }
 }
 
-/// The key of a keyed SGL1, if it is one.
-fn sgl_key(sqe: &Sqe) -> Option<u32> {
+/// CM events for this queue's connection (peer disconnect).
+fn cm_events(channel: &CmChannel, token: u64, qp_num: u32, g: &mut HostGroup) {
+    loop {
+        match channel.poll_event() {
+            Ok(Some(ev)) => {
+                if matches!(
+                    ev.kind,
+                    CmEventKind::Disconnected | CmEventKind::DeviceRemoval
+                ) {
+                    if let Some(side) = g.router.side(token) {
+                        side.lose(format!("{:?}", ev.kind));
+                    }
+                }
+                g.pg.handle_cm_event(&mut g.router, qp_num, &ev.kind);
+            }
+            Ok(None) => return,
+            Err(e) => {
+                if let Some(side) = g.router.side(token) {
+                    side.lose(format!("CM channel: {e}"));
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Why a submission under the group's lock failed.
+enum Failed {
+    /// The queue is lost (the side's reason); the caller mirrors it and reports Disconnected.
+    Lost(String),
+    /// This command only.
+    Refused(QueueError),
+}
+
+impl Failed {
+    fn left_group() -> Failed {
+        Failed::Lost("left the poll group".into())
+    }
+
+    /// Makes `side` lost for `why` and reports it.
+    fn lose(side: &mut Side, why: String) -> Failed {
+        side.lose(why);
+        Failed::Lost(side.lost.clone().unwrap_or_default())
+    }
+}
+
+impl From<QueueError> for Failed {
+    fn from(e: QueueError) -> Failed {
+        Failed::Refused(e)
+    }
+}
+
+/// A keyed SGL's (address, length, key).
+type KeyedSgl = (u64, usize, u32);
+
+/// SGL1 when it is a keyed data block with data (None: no region data for this command).
+fn keyed_sgl(sqe: &Sqe) -> Option<KeyedSgl> {
     match sqe.sgl1() {
-        Ok(SglDescriptor::KeyedDataBlock { key, length, .. }) if length.get() > 0 => Some(key),
+        Ok(SglDescriptor::KeyedDataBlock {
+            address,
+            length,
+            key,
+            ..
+        }) if length.get() > 0 => Some((address, length.get() as usize, key)),
         _ => None,
     }
 }
@@ -337,61 +427,19 @@ impl HostQueue for RdmaQueue {
                 self.in_capsule_limit
             )));
         }
-        let group = self.group.clone();
-        let mut g = lock(&group);
-        self.submit_locked(&mut g, sqe, inline)
+        let submitted = self.submit_locked(&mut lock(&self.group), sqe, inline);
+        match submitted {
+            Ok(()) => Ok(()),
+            Err(Failed::Refused(e)) => Err(e),
+            Err(Failed::Lost(why)) => self.lose(why),
+        }
     }
 
     fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {
         self.check()?;
-        let group = self.group.clone();
-        let mut g = lock(&group);
-        let empty = g
-            .router
-            .side(self.token)
-            .is_none_or(|side| side.done.is_empty());
-        // Report what is already reaped first: a CQE taken from the CQ is never dropped. The CQ
-        // is polled only when no other queue of the group did since this one last looked.
-        if empty && g.polls == self.seen_polls {
-            g.poll();
-            let idle = g
-                .router
-                .side(self.token)
-                .is_none_or(|side| side.done.is_empty());
-            // Idle polls look at the CM channel now and then (a syscall on verbs): a peer's
-            // disconnect usually shows first as flushed work on the CQ anyway.
-            if idle {
-                self.idle_polls = self.idle_polls.wrapping_add(1);
-                if self.idle_polls % CM_CHECK_EVERY == 0 {
-                    self.cm_events(&mut g);
-                }
-            }
-        }
-        self.seen_polls = g.polls;
-        let Some(side) = g.router.side(self.token) else {
-            return self.check_side(None).map(|()| 0);
-        };
-        if side.lost.is_some() {
-            let side = Some(&*side);
-            return self.check_side(side).map(|()| 0);
-        }
-        let n = out.len().min(side.done.len());
-        for slot in out[..n].iter_mut() {
-            let Some((cqe, data)) = side.done.pop_front() else {
-                break;
-            };
-            *slot = cqe;
-            if let Some(range) = data {
-                if let Err(e) = self.mr.read_at(range.start, &mut self.host[range]) {
-                    side.lose(format!("copy from the registered region: {e}"));
-                    let side = Some(&*side);
-                    return self.check_side(side).map(|()| 0);
-                }
-            }
-        }
-        Ok(n)
+        let polled = self.poll_locked(out);
+        polled.or_else(|why| self.lose(why).map(|()| 0))
     }
-
     fn bind_window(&mut self, range: Range<usize>) -> Result<Option<(u64, u32)>, QueueError> {
         self.check()?;
         if range.start > range.end || range.end > self.host.len() {

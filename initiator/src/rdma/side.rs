@@ -5,13 +5,14 @@
 //! stays with the queue ([`super::RdmaQueue`]), which copies a finished read's data when it
 //! takes the CQE.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::ops::Range;
 
 use nvmf_protocol::Cqe;
 use nvmf_transport::WcStatus;
 use nvmf_transport::pollgroup::{PollGroup, ReqId};
 
+use super::by_cid::ByCid;
 use super::windows::Windows;
 
 /// What the group remembers about one command in flight (the poll group's per-request state).
@@ -31,7 +32,7 @@ pub(super) struct HostCommand {
 /// One queue's handler state inside the shared group.
 pub(super) struct Side {
     /// Commands in flight by CID.
-    pub(super) by_cid: HashMap<u16, ReqId>,
+    pub(super) by_cid: ByCid<ReqId>,
     /// Finished commands not yet handed to the caller, with the region bytes the target wrote
     /// for them.
     pub(super) done: VecDeque<(Cqe, Option<Range<usize>>)>,
@@ -50,7 +51,7 @@ pub(super) struct Side {
 impl Side {
     pub(super) fn new(qid: u16, depth: usize) -> Side {
         Side {
-            by_cid: HashMap::with_capacity(depth * 2),
+            by_cid: ByCid::new(depth),
             done: VecDeque::with_capacity(depth),
             lost: None,
             active: false,
@@ -78,7 +79,7 @@ impl Side {
                 return;
             }
         };
-        let Some(&req) = self.by_cid.get(&cqe.cid) else {
+        let Some(req) = self.by_cid.get(cqe.cid) else {
             // A response for no command in flight (duplicate or stale): a broken target.
             tracing::warn!(
                 qid = self.qid,
@@ -119,7 +120,7 @@ impl Side {
             self.lose("request completed without a response".into());
             return;
         };
-        self.by_cid.remove(&cqe.cid);
+        self.by_cid.remove(cqe.cid);
         if self.lost.is_none() {
             self.done.push_back((cqe, command.data));
         }
