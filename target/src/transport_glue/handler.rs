@@ -374,24 +374,33 @@ impl NvmeHandler {
                 || sqe.opcode == AdminOpcode::Abort.raw());
         let entry = self.pending.vacant_entry();
         let tag = entry.key();
-        let exec = {
+        let (exec, zeroed) = {
             let mut segs: [&mut [u8]; MAX_REQUEST_BUFFERS] = Default::default();
-            let n = match in_capsule {
+            let (n, known_zero) = match in_capsule {
                 Some((at, end)) => match pg.capsule_mut(req).get_mut(at..end) {
                     Some(data) => {
                         segs[0] = data;
-                        1
+                        (1, false)
                     }
-                    None => 0,
+                    None => (0, false),
                 },
-                None if length > 0 => pg.buffers_mut(req, &mut segs),
-                None => 0,
+                None if length > 0 => pg.buffers_mut_zeroed(req, length, &mut segs),
+                None => (0, false),
             };
             let mut data = IoBuf::new(&mut segs[..n]);
             data.truncate(length as usize);
-            slot.queue
-                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now)
+            data.set_zeroed(known_zero);
+            let exec = slot
+                .queue
+                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now);
+            (exec, data.is_zeroed())
         };
+        // The data buffers hold zeroes (a null read filled them, or found them so): the next
+        // null read through them skips the fill. Not for I/O still in flight: the device may
+        // write them yet.
+        if zeroed && length > 0 && in_capsule.is_none() && matches!(exec, Exec::Done(_)) {
+            pg.mark_zeroed(req, length);
+        }
         match exec {
             Exec::Done(cqe) => self.respond(pg, req, cqe),
             Exec::Pending => {

@@ -13,7 +13,7 @@
 //! reaped here.
 
 use crate::error::{Result, TransportError};
-use crate::types::{Sge, WcStatus};
+use crate::types::{SendOp, Sge, WcStatus};
 
 use super::PollGroup;
 use super::chain::{ChainWr, MAX_CHAIN_SGES};
@@ -368,6 +368,42 @@ impl<R> PollGroup<R> {
         self.bufs.many_mut(&bufs[..n], out)
     }
 
+    /// As [`PollGroup::buffers_mut`], and whether the first `len` bytes of those buffers were
+    /// known to hold zeroes (written only by [`PollGroup::mark_zeroed`] since they last were).
+    /// The views may write anything: the buffers are no longer known zeroed afterwards until
+    /// the caller marks them again.
+    pub fn buffers_mut_zeroed<'a>(
+        &'a mut self,
+        req: ReqId,
+        len: u32,
+        out: &mut [&'a mut [u8]],
+    ) -> (usize, bool) {
+        let Some(r) = self.request(req) else {
+            return (0, false);
+        };
+        if r.chain_in_flight() {
+            return (0, false);
+        }
+        let (bufs, n) = (r.bufs, r.nbufs as usize);
+        let zeroed = self.bufs.known_zero(&bufs[..n], len);
+        (self.bufs.many_mut(&bufs[..n], out), zeroed)
+    }
+
+    /// The first `len` bytes of `req`'s buffers hold zeroes: the caller just zeroed them (or
+    /// was told by [`PollGroup::buffers_mut_zeroed`] they were and wrote nothing). A later
+    /// [`PollGroup::buffers_mut_zeroed`] on the same buffers reports them zeroed unless they
+    /// were written in between. Checked in debug builds.
+    pub fn mark_zeroed(&mut self, req: ReqId, len: u32) {
+        let Some(r) = self.request(req) else {
+            return;
+        };
+        if r.chain_in_flight() {
+            return;
+        }
+        let (bufs, n) = (r.bufs, r.nbufs as usize);
+        self.bufs.mark_zeroed(&bufs[..n], len);
+    }
+
     /// Posts a chain of WRs for `req`: up to MAX_CHAIN_WRS, the last signaled. It is copied
     /// into the request and goes on the send queue at the end of the poll, as soon as its
     /// qpair has send-queue and RDMA READ room (FIFO per qpair; no retry by the caller).
@@ -394,6 +430,14 @@ impl<R> PollGroup<R> {
             )));
         }
         self.chains[req.index as usize].set(chain, max_inline)?;
+        // An RDMA READ writes its local SGEs: those data buffers no longer hold known zeroes.
+        for wr in chain {
+            if matches!(wr.op, SendOp::RdmaRead { .. }) {
+                for sge in wr.sges {
+                    self.bufs.forget_written(sge);
+                }
+            }
+        }
         let r = self.live(req)?;
         r.answers = answers;
         r.state = RequestState::WaitingToPost;
