@@ -80,6 +80,9 @@ pub struct NvmeHandler {
     by_qp_num: HashMap<u32, usize>,
     /// Pending completions: tag -> request.
     pending: Slab<ReqId>,
+    /// Keyed SGL descriptors of each request, by request index (the plan keeps only their
+    /// count: a plan is copied per step, the list of up to 16 is not). Sized to max_requests.
+    keyed: Vec<[Keyed; xfer::MAX_KEYED]>,
     /// One response slot per request object, by request index (registered on first use, on
     /// the group's protection domain).
     responses: Option<Mr>,
@@ -100,6 +103,7 @@ impl NvmeHandler {
             by_qpair: Vec::new(),
             by_qp_num: HashMap::new(),
             pending: Slab::new(),
+            keyed: Vec::new(),
             responses: None,
             disconnects: Vec::new(),
             completions: Vec::new(),
@@ -129,6 +133,7 @@ impl NvmeHandler {
             // Sized once: no growth on the I/O path.
             let n = pg.config().max_requests as usize;
             self.by_qpair = vec![NO_QUEUE; pg.config().max_qpairs as usize];
+            self.keyed = vec![[xfer::NO_KEYED; xfer::MAX_KEYED]; n];
             self.pending.reserve(n);
             self.completions.reserve(n);
         }
@@ -192,7 +197,13 @@ impl NvmeHandler {
             self.disconnects.push(qp_num);
             return;
         };
-        let plan = xfer::plan(&sqe, &bytes[SQE_SIZE..], self.target.limits());
+        let Some(list) = self.keyed.get_mut(req.index() as usize) else {
+            // Cannot happen: the list is sized to max_requests with the first queue.
+            Self::finish(pg, req);
+            self.disconnects.push(qp_num);
+            return;
+        };
+        let plan = xfer::plan(&sqe, &bytes[SQE_SIZE..], self.target.limits(), list);
         if let Some(r) = pg.request_mut(req) {
             r.user.sqe = sqe;
         }
@@ -251,13 +262,13 @@ impl NvmeHandler {
             return;
         };
         match (plan.direction, plan.placement) {
-            (Direction::HostToController, Placement::Keyed { list, count }) => {
+            (Direction::HostToController, Placement::Keyed { count }) => {
                 pg.release_capsule(req);
                 Self::enter(pg, req, CommandState::ReadingData);
                 if let Some(r) = pg.request_mut(req) {
                     r.user.moved = 0;
                 }
-                if let Err(e) = self.post_next(pg, req, plan.length, &list[..count], None) {
+                if let Err(e) = self.post_next(pg, req, plan.length, count, None) {
                     tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
                     self.fail(pg, req, INTERNAL_ERROR);
                 }
@@ -270,18 +281,22 @@ impl NvmeHandler {
     }
 
     /// Posts the next chain of a transfer: RDMA READs (no `send`) or WRITEs (with the
-    /// response `send`) of the keyed descriptors, from where the last chain stopped
+    /// response `send`) of the request's first `count` keyed descriptors, from where the last chain stopped
     /// (`Command::moved`), as much as one chain holds; the response SEND goes last in the chain
     /// that ends the transfer. A transfer that needs more SGEs or work requests than a chain
     /// holds takes several chains, each posted when the one before it completed.
     fn post_next(
-        &mut self,
+        &self,
         pg: &mut PollGroup<Command>,
         req: ReqId,
         length: u32,
-        keyed: &[Keyed],
+        count: u8,
         send: Option<(SendOp, Sge)>,
     ) -> Result<(), String> {
+        let keyed = self
+            .keyed
+            .get(req.index() as usize)
+            .map_or(&[][..], |l| &l[..usize::from(count)]);
         let from = pg.request(req).map_or(0, |r| r.user.moved);
         let mut units = [Sge::default(); MAX_REQUEST_BUFFERS];
         let nunits = pg.buffer_sges(req, length, &mut units);
@@ -469,28 +484,23 @@ impl NvmeHandler {
             return;
         };
         let sge = responses.sge(req.index() as usize * RESPONSE_SIZE, RESPONSE_SIZE as u32);
-        let (keyed, count) = match plan.map(|p| p.placement) {
-            Some(Placement::Keyed { list, count }) => (list, count),
-            _ => (
-                [Keyed {
-                    address: 0,
-                    length: 0,
-                    key: 0,
-                    invalidate: false,
-                }; xfer::MAX_KEYED],
-                0,
-            ),
+        let count = match plan.map(|p| p.placement) {
+            Some(Placement::Keyed { count }) => count,
+            _ => 0,
         };
+        let keyed = self
+            .keyed
+            .get(req.index() as usize)
+            .map_or(&[][..], |l| &l[..usize::from(count)]);
         // The host asked for its key to be invalidated with the response.
-        let send_op = match keyed[..count].iter().find(|k| k.invalidate) {
+        let send_op = match keyed.iter().find(|k| k.invalidate) {
             Some(k) => SendOp::SendWithInv { rkey: k.key },
             None => SendOp::Send,
         };
-        let writes = match plan {
-            Some(p) if p.direction == Direction::ControllerToHost && success => &keyed[..count],
-            _ => &keyed[..0],
+        let (length, writes) = match plan {
+            Some(p) if p.direction == Direction::ControllerToHost && success => (p.length, count),
+            _ => (0, 0),
         };
-        let length = writes.iter().map(|k| k.length).sum();
         if let Err(e) = self.post_next(pg, req, length, writes, Some((send_op, sge))) {
             tracing::warn!(qp_num, error = %e, "posting the response failed");
             Self::finish(pg, req);
@@ -642,10 +652,10 @@ impl Handler<Command> for NvmeHandler {
                     match plan {
                         Some(Plan {
                             length,
-                            placement: Placement::Keyed { list, count },
+                            placement: Placement::Keyed { count },
                             ..
                         }) if moved < length => {
-                            if let Err(e) = self.post_next(pg, req, length, &list[..count], None) {
+                            if let Err(e) = self.post_next(pg, req, length, count, None) {
                                 tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
                                 self.fail(pg, req, INTERNAL_ERROR);
                             }
