@@ -518,17 +518,21 @@ impl<R> PollGroup<R> {
     }
 
     pub(crate) fn free(&mut self, index: u32) {
-        let r = self.reqs.remove(index as usize);
+        // Read in place: the request (with the layer above's state) is a few hundred bytes,
+        // and moving it out only to drop it was a memcpy per command.
+        let r = &self.reqs[index as usize];
         for &b in &r.bufs[..r.nbufs as usize] {
             self.bufs.put(b);
         }
-        if r.slot != NO_SLOT {
-            self.recv.release(r.slot);
+        let (slot, aborted, qpair, depth_released) = (r.slot, r.aborted, r.qpair, r.depth_released);
+        self.reqs.remove(index as usize);
+        if slot != NO_SLOT {
+            self.recv.release(slot);
         }
-        if !r.aborted {
-            if let Some(q) = self.qpair_at_mut(r.qpair) {
+        if !aborted {
+            if let Some(q) = self.qpair_at_mut(qpair) {
                 q.requests -= 1;
-                if !r.depth_released {
+                if !depth_released {
                     q.outstanding = q.outstanding.saturating_sub(1);
                 }
             }
