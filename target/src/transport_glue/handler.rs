@@ -24,6 +24,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrayvec::ArrayVec;
 use nvmf_protocol::sqe::{AdminOpcode, SQE_SIZE};
 use nvmf_protocol::{Cqe, Sqe};
 use nvmf_transport::pollgroup::{
@@ -298,30 +299,23 @@ impl NvmeHandler {
             .get(req.index() as usize)
             .map_or(&[][..], |l| &l[..usize::from(count)]);
         let from = pg.request(req).map_or(0, |r| r.user.moved);
-        let mut units = [Sge::default(); MAX_REQUEST_BUFFERS];
-        let nunits = pg.buffer_sges(req, length, &mut units);
-        let mut lengths = [0u32; xfer::MAX_KEYED];
-        for (l, k) in lengths.iter_mut().zip(keyed) {
-            *l = k.length;
-        }
+        // ArrayVecs: only what the chain uses is written (a 4 KiB transfer is one unit, one
+        // piece, one WR and the SEND; the full-size arrays were kilobytes to initialise).
+        let mut units = ArrayVec::<Sge, MAX_REQUEST_BUFFERS>::new();
+        pg.buffer_sges_into(req, length, &mut units);
+        let lengths: ArrayVec<u32, { xfer::MAX_KEYED }> = keyed
+            .iter()
+            .take(xfer::MAX_KEYED)
+            .map(|k| k.length)
+            .collect();
         // Room for the response SEND and its SGE is kept in every chain.
-        let mut pieces = [Sge::default(); MAX_CHAIN_SGES - 1];
-        let mut cuts = [sges::Cut::default(); MAX_CHAIN_WRS - 1];
-        let (nwrs, _, end) = sges::next_chain(
-            &units[..nunits],
-            &lengths[..keyed.len()],
-            from,
-            &mut pieces,
-            &mut cuts,
-        )
-        .ok_or("the data buffers do not cover the transfer")?;
-        let mut send_sge = [Sge::default(); 1];
-        let mut chain = [ChainWr {
-            op: SendOp::Send,
-            sges: &[],
-            inline: false,
-        }; MAX_CHAIN_WRS];
-        for (wr, cut) in chain.iter_mut().zip(&cuts[..nwrs]) {
+        let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
+        let mut cuts = ArrayVec::<sges::Cut, { MAX_CHAIN_WRS - 1 }>::new();
+        let end = sges::next_chain(&units, &lengths, from, &mut pieces, &mut cuts)
+            .ok_or("the data buffers do not cover the transfer")?;
+        let send_sge = [send.map_or(Sge::default(), |(_, sge)| sge)];
+        let mut chain = ArrayVec::<ChainWr, MAX_CHAIN_WRS>::new();
+        for cut in &cuts {
             let k = &keyed[cut.keyed];
             let remote_addr = k.address + u64::from(cut.remote_offset);
             let op = if send.is_some() {
@@ -335,28 +329,25 @@ impl NvmeHandler {
                     rkey: k.key,
                 }
             };
-            *wr = ChainWr {
+            chain.push(ChainWr {
                 op,
                 sges: &pieces[cut.sges.0..cut.sges.1],
                 inline: false,
-            };
+            });
         }
-        let mut len = nwrs;
         let last = end == length;
-        if let (Some((op, sge)), true) = (send, last) {
-            send_sge[0] = sge;
-            chain[len] = ChainWr {
+        if let (Some((op, _)), true) = (send, last) {
+            chain.push(ChainWr {
                 op,
                 sges: &send_sge,
                 inline: true,
-            };
-            len += 1;
+            });
         }
         if let Some(r) = pg.request_mut(req) {
             r.user.moved = end;
         }
         let answers = send.is_some() && last;
-        pg.post_chain(req, &chain[..len], answers)
+        pg.post_chain(req, &chain, answers)
             .map_err(|e| e.to_string())
     }
 

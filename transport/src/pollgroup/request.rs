@@ -12,6 +12,8 @@
 //! its next command as soon as it sees a response, before that response's SEND completion is
 //! reaped here.
 
+use arrayvec::ArrayVec;
+
 use crate::error::{Result, TransportError};
 use crate::types::{SendOp, Sge, WcStatus};
 
@@ -305,6 +307,29 @@ impl<R> PollGroup<R> {
             n += 1;
         }
         n
+    }
+
+    /// As [`PollGroup::buffer_sges`], appended to `out` (nothing initialised first; stops
+    /// when `out` is full).
+    pub fn buffer_sges_into<const N: usize>(
+        &self,
+        req: ReqId,
+        len: u32,
+        out: &mut ArrayVec<Sge, N>,
+    ) {
+        let Some(r) = self.request(req) else {
+            return;
+        };
+        let unit = self.bufs.unit();
+        let mut left = len;
+        for &b in &r.bufs[..r.nbufs as usize] {
+            if left == 0 || out.is_full() {
+                break;
+            }
+            let take = left.min(unit);
+            out.push(self.bufs.sge(b, 0, take));
+            left -= take;
+        }
     }
 
     /// Buffer `i` of `req` (io_unit_size bytes).
