@@ -127,3 +127,25 @@ fn timers_wake_a_sleeping_reactor_without_spinning() {
     );
     rt.stop().expect("stop");
 }
+
+/// While every pass does work the loop reads the clock only now and then (CLOCK_PASSES):
+/// timers still fire, never before their deadline.
+#[test]
+fn timers_fire_while_every_pass_is_busy() {
+    let rt = Runtime::start(cfg(&[0])).expect("start");
+    let h = &rt.reactors()[0];
+    let (busy, polled) = common::Counting::new(true);
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let t0 = Instant::now();
+    h.send(move |r| {
+        r.add_poller(Box::new(busy));
+        r.add_timer(Duration::from_millis(20), None, move |r| {
+            tx.send(r.now()).expect("fired");
+        });
+    })
+    .expect("send");
+    let at = rx.recv_timeout(PATIENCE).expect("timer fired");
+    assert!(at - t0 >= Duration::from_millis(20), "fired early");
+    assert!(polled.load(Relaxed) > 0);
+    rt.stop().expect("stop");
+}

@@ -21,17 +21,39 @@ pub const MAX_SEGMENTS: usize = 16;
 /// The data segments of one command. See the module documentation for the lending contract.
 pub struct IoBuf<'a, 'b> {
     segs: &'a mut [&'b mut [u8]],
+    /// Every visible byte is known to be zero: set by the lender ([`IoBuf::set_zeroed`]) or by
+    /// [`IoBuf::zero`] over all of them, cleared by every other way to write. Lets a device
+    /// that reads zeroes skip filling a buffer that holds them already.
+    zeroed: bool,
 }
 
 impl<'a, 'b> IoBuf<'a, 'b> {
     /// Segments in transfer order.
     pub fn new(segs: &'a mut [&'b mut [u8]]) -> Self {
-        IoBuf { segs }
+        IoBuf {
+            segs,
+            zeroed: false,
+        }
+    }
+
+    /// The lender's word that every visible byte is zero (see [`IoBuf::is_zeroed`]); call
+    /// after [`IoBuf::truncate`], for the bytes the command sees.
+    pub fn set_zeroed(&mut self, zeroed: bool) {
+        self.zeroed = zeroed;
     }
 
     /// No data.
     pub fn empty() -> IoBuf<'static, 'static> {
-        IoBuf { segs: &mut [] }
+        IoBuf {
+            segs: &mut [],
+            zeroed: false,
+        }
+    }
+
+    /// True when every visible byte is known to be zero: the lender said so and nothing wrote
+    /// them since, or [`IoBuf::zero`] covered them all.
+    pub fn is_zeroed(&self) -> bool {
+        self.zeroed
     }
 
     /// Total bytes.
@@ -51,11 +73,13 @@ impl<'a, 'b> IoBuf<'a, 'b> {
 
     /// The segments, writable.
     pub fn segments_mut(&mut self) -> impl Iterator<Item = &mut [u8]> {
+        self.zeroed = false;
         self.segs.iter_mut().map(|s| &mut **s)
     }
 
     /// Copy `src` into the buffer at `offset`; returns bytes copied (short at the end).
     pub fn write_at(&mut self, mut offset: usize, mut src: &[u8]) -> usize {
+        self.zeroed = false;
         let mut copied = 0;
         for seg in self.segs.iter_mut() {
             if src.is_empty() {
@@ -97,6 +121,7 @@ impl<'a, 'b> IoBuf<'a, 'b> {
     /// Copy `src` to the start (as much as fits) and zero everything after it: how a command
     /// returning a data structure fills the host's buffer.
     pub fn fill_from(&mut self, src: &[u8]) {
+        self.zeroed = false;
         let mut src = src;
         for seg in self.segs.iter_mut() {
             let n = seg.len().min(src.len());
@@ -106,13 +131,18 @@ impl<'a, 'b> IoBuf<'a, 'b> {
         }
     }
 
-    /// Zero the first `len` bytes.
-    pub fn zero(&mut self, mut len: usize) {
-        for seg in self.segs.iter_mut() {
-            let n = seg.len().min(len);
-            seg[..n].fill(0);
-            len -= n;
+    /// Zero the first `len` bytes (nothing to do when they are known to be zero already).
+    pub fn zero(&mut self, len: usize) {
+        if self.zeroed {
+            return;
         }
+        let mut left = len;
+        for seg in self.segs.iter_mut() {
+            let n = seg.len().min(left);
+            seg[..n].fill(0);
+            left -= n;
+        }
+        self.zeroed = len >= self.len();
     }
 
     /// Keep only the first `len` bytes visible (the command's transfer may be shorter than the
@@ -157,5 +187,36 @@ mod tests {
             assert_eq!(out[..4], [0, 0, 0, 0]);
         }
         assert_eq!(b, [0, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn zeroed_is_known_only_until_written() {
+        let mut a = [7u8; 4];
+        let mut b = [7u8; 4];
+        {
+            let mut segs = [&mut a[..], &mut b[..]];
+            let mut buf = IoBuf::new(&mut segs);
+            assert!(!buf.is_zeroed());
+            buf.zero(6);
+            assert!(!buf.is_zeroed(), "two bytes were not zeroed");
+            buf.zero(8);
+            assert!(buf.is_zeroed());
+            buf.write_at(7, &[1]);
+            assert!(!buf.is_zeroed());
+            buf.zero(8);
+            buf.fill_from(&[]);
+            assert!(!buf.is_zeroed(), "fill_from writes");
+            buf.zero(8);
+            let _ = buf.segments_mut();
+            assert!(!buf.is_zeroed(), "a writable view may write");
+        }
+        // The lender's word skips the fill: the bytes stay as they are.
+        let mut c = [9u8; 4];
+        let mut segs = [&mut c[..]];
+        let mut buf = IoBuf::new(&mut segs);
+        buf.set_zeroed(true);
+        buf.zero(4);
+        assert!(buf.is_zeroed());
+        assert_eq!(c, [9; 4]);
     }
 }

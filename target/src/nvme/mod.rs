@@ -21,7 +21,7 @@
 //! `let mut q = Queue::new(target.clone(), &mut io, listener_addr, negotiated_depth);`
 //!
 //! Per capsule:
-//! 1. `xfer::plan(&sqe, in_capsule_bytes, target.limits())` says which way data moves, how
+//! 1. `xfer::plan(&sqe, in_capsule_bytes, target.limits(), &mut keyed_list)` says which way data moves, how
 //!    much, and where: in the capsule (used in place) or behind keyed descriptors (SGL1, or a
 //!    Last Segment list of up to MSDBD keyed descriptors). `Err(status)`: answer with it.
 //!    The transport gets buffers and, for [`Direction::HostToController`], RDMA READs the

@@ -28,9 +28,16 @@ pub struct Keyed {
     pub invalidate: bool,
 }
 
-/// Where the data is.
-// Inline, not boxed: a plan is made per command on the fast path and must not allocate.
-#[allow(clippy::large_enum_variant)]
+/// No descriptor (what a keyed list is filled with).
+pub const NO_KEYED: Keyed = Keyed {
+    address: 0,
+    length: 0,
+    key: 0,
+    invalidate: false,
+};
+
+/// Where the data is. Small (a plan is copied around per command): the keyed descriptors
+/// themselves go to the caller's list (see [`plan`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
     /// No data.
@@ -42,12 +49,10 @@ pub enum Placement {
         /// Bytes.
         length: u32,
     },
-    /// Host memory, in order.
+    /// Host memory, in order: the first `count` descriptors of the list [`plan`] filled.
     Keyed {
-        /// The descriptors (first `count`).
-        list: [Keyed; MAX_KEYED],
         /// How many.
-        count: usize,
+        count: u8,
     },
 }
 
@@ -84,8 +89,14 @@ fn keyed(d: SglDescriptor) -> Option<Keyed> {
 }
 
 /// The data plan of `sqe`, whose capsule carries `in_capsule` bytes after the SQE (an admin
-/// queue capsule carries none). Errors are the status to answer with.
-pub fn plan(sqe: &Sqe, in_capsule: &[u8], limits: &Limits) -> Result<Plan, Status> {
+/// queue capsule carries none); keyed descriptors are written to the front of `list`. Errors
+/// are the status to answer with.
+pub fn plan(
+    sqe: &Sqe,
+    in_capsule: &[u8],
+    limits: &Limits,
+    list: &mut [Keyed; MAX_KEYED],
+) -> Result<Plan, Status> {
     let direction = data_direction(sqe);
     let sgl = sqe
         .sgl1()
@@ -120,14 +131,8 @@ pub fn plan(sqe: &Sqe, in_capsule: &[u8], limits: &Limits) -> Result<Plan, Statu
             }
         }
         SglDescriptor::KeyedDataBlock { .. } => {
-            let mut list = [Keyed {
-                address: 0,
-                length: 0,
-                key: 0,
-                invalidate: false,
-            }; MAX_KEYED];
             list[0] = keyed(sgl).ok_or(generic(GenericStatus::SglDescriptorTypeInvalid))?;
-            Placement::Keyed { list, count: 1 }
+            Placement::Keyed { count: 1 }
         }
         SglDescriptor::LastSegmentOffset { offset, length } => {
             let n = length as usize / SGL_DESC_SIZE;
@@ -142,25 +147,20 @@ pub fn plan(sqe: &Sqe, in_capsule: &[u8], limits: &Limits) -> Result<Plan, Statu
             let bytes = in_capsule
                 .get(start..start + length as usize)
                 .ok_or(generic(GenericStatus::SglOffsetInvalid))?;
-            let mut list = [Keyed {
-                address: 0,
-                length: 0,
-                key: 0,
-                invalidate: false,
-            }; MAX_KEYED];
             for (slot, d) in list.iter_mut().zip(SglDescriptor::list(bytes)) {
                 let d = d.map_err(|_| generic(GenericStatus::SglDescriptorTypeInvalid))?;
                 *slot = keyed(d).ok_or(generic(GenericStatus::SglDescriptorTypeInvalid))?;
             }
-            Placement::Keyed { list, count: n }
+            Placement::Keyed { count: n as u8 }
         }
         _ => return Err(generic(GenericStatus::SglDescriptorTypeInvalid)),
     };
     let length: u64 = match &placement {
         Placement::InCapsule { length, .. } => u64::from(*length),
-        Placement::Keyed { list, count } => {
-            list[..*count].iter().map(|k| u64::from(k.length)).sum()
-        }
+        Placement::Keyed { count } => list[..usize::from(*count)]
+            .iter()
+            .map(|k| u64::from(k.length))
+            .sum(),
         Placement::None => 0,
     };
     // Admin data structures are at most a few pages; I/O is bounded by MDTS.
@@ -185,26 +185,35 @@ mod tests {
         s
     }
 
+    /// The plan and the descriptor list it filled.
+    fn plan_of(
+        sqe: &Sqe,
+        in_capsule: &[u8],
+        limits: &Limits,
+    ) -> Result<(Plan, [Keyed; MAX_KEYED]), Status> {
+        let mut list = [NO_KEYED; MAX_KEYED];
+        plan(sqe, in_capsule, limits, &mut list).map(|p| (p, list))
+    }
+
     #[test]
     fn plans_and_errors() {
         let l = Limits::default();
-        let p = plan(
+        let (p, list) = plan_of(
             &write_with(SglDescriptor::keyed(0x1000, 4096, 9, true).unwrap()),
             &[],
             &l,
         )
         .unwrap();
         assert_eq!(p.length, 4096);
-        assert!(
-            matches!(p.placement, Placement::Keyed { count: 1, list } if list[0].key == 9 && list[0].invalidate)
-        );
+        assert_eq!(p.placement, Placement::Keyed { count: 1 });
+        assert!(list[0].key == 9 && list[0].invalidate);
         let capsule = [0u8; 4096];
         let off = SglDescriptor::DataBlockOffset {
             offset: 0,
             length: 4096,
         };
         assert_eq!(
-            plan(&write_with(off), &capsule, &l).unwrap().placement,
+            plan_of(&write_with(off), &capsule, &l).unwrap().0.placement,
             Placement::InCapsule {
                 offset: 0,
                 length: 4096
@@ -215,7 +224,7 @@ mod tests {
             length: 4096,
         };
         assert_eq!(
-            plan(&write_with(long), &capsule, &l).unwrap_err(),
+            plan_of(&write_with(long), &capsule, &l).unwrap_err(),
             SGL_LENGTH_INVALID
         );
         let far = SglDescriptor::DataBlockOffset {
@@ -223,14 +232,14 @@ mod tests {
             length: 1,
         };
         assert_eq!(
-            plan(&write_with(far), &capsule, &l).unwrap_err(),
+            plan_of(&write_with(far), &capsule, &l).unwrap_err(),
             generic(GenericStatus::SglOffsetInvalid)
         );
         // In-capsule data for a read makes no sense.
         let mut read = write_with(off);
         read.opcode = 0x02;
         assert_eq!(
-            plan(&read, &capsule, &l).unwrap_err(),
+            plan_of(&read, &capsule, &l).unwrap_err(),
             generic(GenericStatus::SglDescriptorTypeInvalid)
         );
         // Multi-descriptor: three keyed descriptors in the capsule.
@@ -243,37 +252,39 @@ mod tests {
             offset: 0,
             length: 48,
         };
-        let p = plan(&write_with(seg), &list, &l).unwrap();
+        let (p, keyed) = plan_of(&write_with(seg), &list, &l).unwrap();
         assert_eq!(p.length, 3 * 8192);
-        assert!(
-            matches!(p.placement, Placement::Keyed { count: 3, list } if list[2].address == 0x3_0000)
-        );
+        assert_eq!(p.placement, Placement::Keyed { count: 3 });
+        assert_eq!(keyed[2].address, 0x3_0000);
         let too_many = SglDescriptor::LastSegmentOffset {
             offset: 0,
             length: 17 * 16,
         };
         assert_eq!(
-            plan(&write_with(too_many), &[0u8; 17 * 16], &l).unwrap_err(),
+            plan_of(&write_with(too_many), &[0u8; 17 * 16], &l).unwrap_err(),
             generic(GenericStatus::InvalidSglDescriptorCount)
         );
         let mut bad = list;
         bad[15] = 0x00; // a data block, not keyed
         assert_eq!(
-            plan(&write_with(seg), &bad, &l).unwrap_err(),
+            plan_of(&write_with(seg), &bad, &l).unwrap_err(),
             generic(GenericStatus::SglDescriptorTypeInvalid)
         );
         let huge = SglDescriptor::keyed(0, 1 << 20, 1, false).unwrap();
         assert_eq!(
-            plan(&write_with(huge), &[], &l).unwrap_err(),
+            plan_of(&write_with(huge), &[], &l).unwrap_err(),
             SGL_LENGTH_INVALID
         );
         let bucket = SglDescriptor::BitBucket { length: 10 };
         assert_eq!(
-            plan(&write_with(bucket), &[], &l).unwrap_err(),
+            plan_of(&write_with(bucket), &[], &l).unwrap_err(),
             generic(GenericStatus::SglDescriptorTypeInvalid)
         );
         // No data direction: nothing to move whatever SGL1 says.
         let flush = Sqe::new(0x00, 1, 1);
-        assert_eq!(plan(&flush, &[], &l).unwrap().placement, Placement::None);
+        assert_eq!(
+            plan_of(&flush, &[], &l).unwrap().0.placement,
+            Placement::None
+        );
     }
 }

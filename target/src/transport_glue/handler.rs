@@ -24,6 +24,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrayvec::ArrayVec;
 use nvmf_protocol::sqe::{AdminOpcode, SQE_SIZE};
 use nvmf_protocol::{Cqe, Sqe};
 use nvmf_transport::pollgroup::{
@@ -80,6 +81,9 @@ pub struct NvmeHandler {
     by_qp_num: HashMap<u32, usize>,
     /// Pending completions: tag -> request.
     pending: Slab<ReqId>,
+    /// Keyed SGL descriptors of each request, by request index (the plan keeps only their
+    /// count: a plan is copied per step, the list of up to 16 is not). Sized to max_requests.
+    keyed: Vec<[Keyed; xfer::MAX_KEYED]>,
     /// One response slot per request object, by request index (registered on first use, on
     /// the group's protection domain).
     responses: Option<Mr>,
@@ -100,6 +104,7 @@ impl NvmeHandler {
             by_qpair: Vec::new(),
             by_qp_num: HashMap::new(),
             pending: Slab::new(),
+            keyed: Vec::new(),
             responses: None,
             disconnects: Vec::new(),
             completions: Vec::new(),
@@ -129,6 +134,7 @@ impl NvmeHandler {
             // Sized once: no growth on the I/O path.
             let n = pg.config().max_requests as usize;
             self.by_qpair = vec![NO_QUEUE; pg.config().max_qpairs as usize];
+            self.keyed = vec![[xfer::NO_KEYED; xfer::MAX_KEYED]; n];
             self.pending.reserve(n);
             self.completions.reserve(n);
         }
@@ -192,7 +198,13 @@ impl NvmeHandler {
             self.disconnects.push(qp_num);
             return;
         };
-        let plan = xfer::plan(&sqe, &bytes[SQE_SIZE..], self.target.limits());
+        let Some(list) = self.keyed.get_mut(req.index() as usize) else {
+            // Cannot happen: the list is sized to max_requests with the first queue.
+            Self::finish(pg, req);
+            self.disconnects.push(qp_num);
+            return;
+        };
+        let plan = xfer::plan(&sqe, &bytes[SQE_SIZE..], self.target.limits(), list);
         if let Some(r) = pg.request_mut(req) {
             r.user.sqe = sqe;
         }
@@ -251,13 +263,13 @@ impl NvmeHandler {
             return;
         };
         match (plan.direction, plan.placement) {
-            (Direction::HostToController, Placement::Keyed { list, count }) => {
+            (Direction::HostToController, Placement::Keyed { count }) => {
                 pg.release_capsule(req);
                 Self::enter(pg, req, CommandState::ReadingData);
                 if let Some(r) = pg.request_mut(req) {
                     r.user.moved = 0;
                 }
-                if let Err(e) = self.post_next(pg, req, plan.length, &list[..count], None) {
+                if let Err(e) = self.post_next(pg, req, plan.length, count, None) {
                     tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
                     self.fail(pg, req, INTERNAL_ERROR);
                 }
@@ -270,43 +282,40 @@ impl NvmeHandler {
     }
 
     /// Posts the next chain of a transfer: RDMA READs (no `send`) or WRITEs (with the
-    /// response `send`) of the keyed descriptors, from where the last chain stopped
+    /// response `send`) of the request's first `count` keyed descriptors, from where the last chain stopped
     /// (`Command::moved`), as much as one chain holds; the response SEND goes last in the chain
     /// that ends the transfer. A transfer that needs more SGEs or work requests than a chain
     /// holds takes several chains, each posted when the one before it completed.
     fn post_next(
-        &mut self,
+        &self,
         pg: &mut PollGroup<Command>,
         req: ReqId,
         length: u32,
-        keyed: &[Keyed],
+        count: u8,
         send: Option<(SendOp, Sge)>,
     ) -> Result<(), String> {
+        let keyed = self
+            .keyed
+            .get(req.index() as usize)
+            .map_or(&[][..], |l| &l[..usize::from(count)]);
         let from = pg.request(req).map_or(0, |r| r.user.moved);
-        let mut units = [Sge::default(); MAX_REQUEST_BUFFERS];
-        let nunits = pg.buffer_sges(req, length, &mut units);
-        let mut lengths = [0u32; xfer::MAX_KEYED];
-        for (l, k) in lengths.iter_mut().zip(keyed) {
-            *l = k.length;
-        }
+        // ArrayVecs: only what the chain uses is written (a 4 KiB transfer is one unit, one
+        // piece, one WR and the SEND; the full-size arrays were kilobytes to initialise).
+        let mut units = ArrayVec::<Sge, MAX_REQUEST_BUFFERS>::new();
+        pg.buffer_sges_into(req, length, &mut units);
+        let lengths: ArrayVec<u32, { xfer::MAX_KEYED }> = keyed
+            .iter()
+            .take(xfer::MAX_KEYED)
+            .map(|k| k.length)
+            .collect();
         // Room for the response SEND and its SGE is kept in every chain.
-        let mut pieces = [Sge::default(); MAX_CHAIN_SGES - 1];
-        let mut cuts = [sges::Cut::default(); MAX_CHAIN_WRS - 1];
-        let (nwrs, _, end) = sges::next_chain(
-            &units[..nunits],
-            &lengths[..keyed.len()],
-            from,
-            &mut pieces,
-            &mut cuts,
-        )
-        .ok_or("the data buffers do not cover the transfer")?;
-        let mut send_sge = [Sge::default(); 1];
-        let mut chain = [ChainWr {
-            op: SendOp::Send,
-            sges: &[],
-            inline: false,
-        }; MAX_CHAIN_WRS];
-        for (wr, cut) in chain.iter_mut().zip(&cuts[..nwrs]) {
+        let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
+        let mut cuts = ArrayVec::<sges::Cut, { MAX_CHAIN_WRS - 1 }>::new();
+        let end = sges::next_chain(&units, &lengths, from, &mut pieces, &mut cuts)
+            .ok_or("the data buffers do not cover the transfer")?;
+        let send_sge = [send.map_or(Sge::default(), |(_, sge)| sge)];
+        let mut chain = ArrayVec::<ChainWr, MAX_CHAIN_WRS>::new();
+        for cut in &cuts {
             let k = &keyed[cut.keyed];
             let remote_addr = k.address + u64::from(cut.remote_offset);
             let op = if send.is_some() {
@@ -320,28 +329,25 @@ impl NvmeHandler {
                     rkey: k.key,
                 }
             };
-            *wr = ChainWr {
+            chain.push(ChainWr {
                 op,
                 sges: &pieces[cut.sges.0..cut.sges.1],
                 inline: false,
-            };
+            });
         }
-        let mut len = nwrs;
         let last = end == length;
-        if let (Some((op, sge)), true) = (send, last) {
-            send_sge[0] = sge;
-            chain[len] = ChainWr {
+        if let (Some((op, _)), true) = (send, last) {
+            chain.push(ChainWr {
                 op,
                 sges: &send_sge,
                 inline: true,
-            };
-            len += 1;
+            });
         }
         if let Some(r) = pg.request_mut(req) {
             r.user.moved = end;
         }
         let answers = send.is_some() && last;
-        pg.post_chain(req, &chain[..len], answers)
+        pg.post_chain(req, &chain, answers)
             .map_err(|e| e.to_string())
     }
 
@@ -374,24 +380,33 @@ impl NvmeHandler {
                 || sqe.opcode == AdminOpcode::Abort.raw());
         let entry = self.pending.vacant_entry();
         let tag = entry.key();
-        let exec = {
+        let (exec, zeroed) = {
             let mut segs: [&mut [u8]; MAX_REQUEST_BUFFERS] = Default::default();
-            let n = match in_capsule {
+            let (n, known_zero) = match in_capsule {
                 Some((at, end)) => match pg.capsule_mut(req).get_mut(at..end) {
                     Some(data) => {
                         segs[0] = data;
-                        1
+                        (1, false)
                     }
-                    None => 0,
+                    None => (0, false),
                 },
-                None if length > 0 => pg.buffers_mut(req, &mut segs),
-                None => 0,
+                None if length > 0 => pg.buffers_mut_zeroed(req, length, &mut segs),
+                None => (0, false),
             };
             let mut data = IoBuf::new(&mut segs[..n]);
             data.truncate(length as usize);
-            slot.queue
-                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now)
+            data.set_zeroed(known_zero);
+            let exec = slot
+                .queue
+                .execute(&mut self.io, &sqe, &mut data, tag as u64, Instant::now);
+            (exec, data.is_zeroed())
         };
+        // The data buffers hold zeroes (a null read filled them, or found them so): the next
+        // null read through them skips the fill. Not for I/O still in flight: the device may
+        // write them yet.
+        if zeroed && length > 0 && in_capsule.is_none() && matches!(exec, Exec::Done(_)) {
+            pg.mark_zeroed(req, length);
+        }
         match exec {
             Exec::Done(cqe) => self.respond(pg, req, cqe),
             Exec::Pending => {
@@ -460,28 +475,23 @@ impl NvmeHandler {
             return;
         };
         let sge = responses.sge(req.index() as usize * RESPONSE_SIZE, RESPONSE_SIZE as u32);
-        let (keyed, count) = match plan.map(|p| p.placement) {
-            Some(Placement::Keyed { list, count }) => (list, count),
-            _ => (
-                [Keyed {
-                    address: 0,
-                    length: 0,
-                    key: 0,
-                    invalidate: false,
-                }; xfer::MAX_KEYED],
-                0,
-            ),
+        let count = match plan.map(|p| p.placement) {
+            Some(Placement::Keyed { count }) => count,
+            _ => 0,
         };
+        let keyed = self
+            .keyed
+            .get(req.index() as usize)
+            .map_or(&[][..], |l| &l[..usize::from(count)]);
         // The host asked for its key to be invalidated with the response.
-        let send_op = match keyed[..count].iter().find(|k| k.invalidate) {
+        let send_op = match keyed.iter().find(|k| k.invalidate) {
             Some(k) => SendOp::SendWithInv { rkey: k.key },
             None => SendOp::Send,
         };
-        let writes = match plan {
-            Some(p) if p.direction == Direction::ControllerToHost && success => &keyed[..count],
-            _ => &keyed[..0],
+        let (length, writes) = match plan {
+            Some(p) if p.direction == Direction::ControllerToHost && success => (p.length, count),
+            _ => (0, 0),
         };
-        let length = writes.iter().map(|k| k.length).sum();
         if let Err(e) = self.post_next(pg, req, length, writes, Some((send_op, sge))) {
             tracing::warn!(qp_num, error = %e, "posting the response failed");
             Self::finish(pg, req);
@@ -633,10 +643,10 @@ impl Handler<Command> for NvmeHandler {
                     match plan {
                         Some(Plan {
                             length,
-                            placement: Placement::Keyed { list, count },
+                            placement: Placement::Keyed { count },
                             ..
                         }) if moved < length => {
-                            if let Err(e) = self.post_next(pg, req, length, &list[..count], None) {
+                            if let Err(e) = self.post_next(pg, req, length, count, None) {
                                 tracing::warn!(qp_num, error = %e, "posting RDMA READs failed");
                                 self.fail(pg, req, INTERNAL_ERROR);
                             }

@@ -4,6 +4,7 @@
 //! carries. A transfer whose pieces do not fit one chain is cut into several chains, posted
 //! one after the other ([`next_chain`] from where the last one stopped).
 
+use arrayvec::ArrayVec;
 use nvmf_transport::Sge;
 use nvmf_transport::pollgroup::MAX_WR_SGES;
 
@@ -17,14 +18,20 @@ pub struct Cut {
     pub sges: (usize, usize),
 }
 
-/// The SGEs covering bytes `offset..` of the transfer laid out by `units`, at most `len`
-/// bytes and at most `out.len()` pieces: (pieces written, bytes covered).
-fn slice(units: &[Sge], offset: u32, len: u32, out: &mut [Sge]) -> (usize, u32) {
+/// Appends to `out` the SGEs covering bytes `offset..` of the transfer laid out by `units`, at
+/// most `len` bytes and at most `room` pieces (and what `out` holds); returns the bytes covered.
+fn slice<const P: usize>(
+    units: &[Sge],
+    offset: u32,
+    len: u32,
+    room: usize,
+    out: &mut ArrayVec<Sge, P>,
+) -> u32 {
     let mut skip = offset;
     let mut covered = 0;
     let mut n = 0;
     for unit in units {
-        if covered == len || n == out.len() {
+        if covered == len || n == room || out.is_full() {
             break;
         }
         if skip >= unit.length {
@@ -32,56 +39,56 @@ fn slice(units: &[Sge], offset: u32, len: u32, out: &mut [Sge]) -> (usize, u32) 
             continue;
         }
         let take = (unit.length - skip).min(len - covered);
-        out[n] = Sge {
+        out.push(Sge {
             addr: unit.addr + u64::from(skip),
             length: take,
             lkey: unit.lkey,
-        };
+        });
         n += 1;
         covered += take;
         skip = 0;
     }
-    (n, covered)
+    covered
 }
 
 /// The next chain of a transfer over `units` to or from the keyed descriptors of lengths
-/// `keyed` (back to back in transfer order), starting at transfer byte `from`: at most
-/// `wrs.len()` work requests and `pieces.len()` SGEs in all, each work request at most
-/// MAX_WR_SGES. Returns (work requests, SGEs used, the transfer byte it stops at); None when
-/// `units` do not cover the descriptors.
-pub fn next_chain(
+/// `keyed` (back to back in transfer order), starting at transfer byte `from`: appended to
+/// `wrs` and `pieces` (their capacities bound the chain; nothing is initialised first), each
+/// work request at most MAX_WR_SGES. Returns the transfer byte it stops at; None when `units`
+/// do not cover the descriptors.
+pub fn next_chain<const P: usize, const W: usize>(
     units: &[Sge],
     keyed: &[u32],
     from: u32,
-    pieces: &mut [Sge],
-    wrs: &mut [Cut],
-) -> Option<(usize, usize, u32)> {
-    let (mut nwrs, mut nsges, mut pos) = (0, 0, from);
+    pieces: &mut ArrayVec<Sge, P>,
+    wrs: &mut ArrayVec<Cut, W>,
+) -> Option<u32> {
+    let mut pos = from;
     let mut start = 0u32;
     for (k, &len) in keyed.iter().enumerate() {
         let end = start + len;
         while pos < end {
-            if nwrs == wrs.len() || nsges == pieces.len() {
-                return Some((nwrs, nsges, pos));
+            if wrs.is_full() || pieces.is_full() {
+                return Some(pos);
             }
-            let room = (pieces.len() - nsges).min(MAX_WR_SGES);
-            let (n, covered) = slice(units, pos, end - pos, &mut pieces[nsges..nsges + room]);
+            let first = pieces.len();
+            let room = pieces.remaining_capacity().min(MAX_WR_SGES);
+            let covered = slice(units, pos, end - pos, room, pieces);
+            let n = pieces.len() - first;
             if n == 0 {
                 return None;
             }
-            wrs[nwrs] = Cut {
+            wrs.push(Cut {
                 keyed: k,
                 remote_offset: pos - start,
                 length: covered,
-                sges: (nsges, nsges + n),
-            };
-            nwrs += 1;
-            nsges += n;
+                sges: (first, first + n),
+            });
             pos += covered;
         }
         start = end;
     }
-    Some((nwrs, nsges, pos))
+    Some(pos)
 }
 
 #[cfg(test)]
@@ -107,9 +114,10 @@ mod tests {
         let mut chains = 0;
         let mut seen = vec![0u32; keyed.len()];
         while from < total {
-            let mut pieces = [Sge::default(); MAX_CHAIN_SGES - 1];
-            let mut wrs = [Cut::default(); MAX_CHAIN_WRS - 1];
-            let (nw, ns, end) = next_chain(units, keyed, from, &mut pieces, &mut wrs).unwrap();
+            let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
+            let mut wrs = ArrayVec::<Cut, { MAX_CHAIN_WRS - 1 }>::new();
+            let end = next_chain(units, keyed, from, &mut pieces, &mut wrs).unwrap();
+            let (nw, ns) = (wrs.len(), pieces.len());
             assert!(end > from, "progress");
             assert!(
                 ns < MAX_CHAIN_SGES && nw < MAX_CHAIN_WRS,
@@ -142,15 +150,17 @@ mod tests {
     #[test]
     fn descriptors_cut_across_units() {
         let u = units(3);
-        let mut pieces = [Sge::default(); 4];
-        let mut wrs = [Cut::default(); 4];
+        let mut pieces = ArrayVec::<Sge, 4>::new();
+        let mut wrs = ArrayVec::<Cut, 4>::new();
         // Two 6 KiB descriptors: the second is 2 KiB of unit 1 and 4 KiB of unit 2.
-        let (nw, ns, end) = next_chain(&u, &[6144, 6144], 0, &mut pieces, &mut wrs).unwrap();
-        assert_eq!((nw, ns, end), (2, 4, 12288));
+        let end = next_chain(&u, &[6144, 6144], 0, &mut pieces, &mut wrs).unwrap();
+        assert_eq!((wrs.len(), pieces.len(), end), (2, 4, 12288));
         assert_eq!(wrs[1].sges, (2, 4));
         assert_eq!((pieces[2].addr, pieces[2].length), (0x20000 + 2048, 2048));
         assert_eq!((pieces[3].addr, pieces[3].length), (0x30000, 4096));
         // Past the buffers.
+        pieces.clear();
+        wrs.clear();
         assert_eq!(next_chain(&u, &[16384], 0, &mut pieces, &mut wrs), None);
     }
 
@@ -158,10 +168,10 @@ mod tests {
     fn one_large_descriptor_takes_several_work_requests() {
         // 128 KiB in 4 KiB units: 32 SGEs, at most 16 per WR.
         let u = units(32);
-        let mut pieces = [Sge::default(); MAX_CHAIN_SGES - 1];
-        let mut wrs = [Cut::default(); MAX_CHAIN_WRS - 1];
-        let (nw, _, end) = next_chain(&u, &[131072], 0, &mut pieces, &mut wrs).unwrap();
-        assert_eq!(nw, 2);
+        let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
+        let mut wrs = ArrayVec::<Cut, { MAX_CHAIN_WRS - 1 }>::new();
+        let end = next_chain(&u, &[131072], 0, &mut pieces, &mut wrs).unwrap();
+        assert_eq!(wrs.len(), 2);
         assert_eq!(wrs[1].remote_offset, 16 * 4096);
         assert!(end < 131072, "31 SGEs leave one unit for the next chain");
         assert_eq!(cut_all(&u, &[131072]), 2);

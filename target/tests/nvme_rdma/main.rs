@@ -27,8 +27,8 @@ use nvmf_protocol::log::DiscoveryLog;
 use nvmf_protocol::properties::{Cc, Csts, PropertyOffset};
 use nvmf_protocol::status::GenericStatus;
 use nvmf_protocol::{DISCOVERY_NQN, FixedStr, SglDescriptor, Sqe, StatusCode};
-use nvmf_target::bdev::MallocBdev;
 use nvmf_target::bdev::gate::GateBdev;
+use nvmf_target::bdev::{MallocBdev, NullBdev};
 use nvmf_target::nvme::{Limits, Namespace, Subsystem, Target};
 use nvmf_target::rdma::{DeviceListen, PollGroupConfig, RdmaConfig, RdmaTransport};
 use nvmf_target::transport_glue::{Command, NvmeHandler};
@@ -904,6 +904,59 @@ fn large_transfers(fabric: SoftFabric) {
     });
 }
 
+/// The null namespace reads zeroes through data buffers that writes used before: a group with
+/// one data buffer sends every transfer through the same one. A null read fills it once and
+/// later null reads skip the fill while it is known to hold zeroes; a keyed write (RDMA READ
+/// into it) and a malloc read (the device writes it) in between must make the next null read
+/// fill it again.
+fn null_reads_never_see_stale_data(fabric: SoftFabric) {
+    let rig = Rig::with_group(fabric, |g| g.data_buffers = 1);
+    rig.target.add_bdev(
+        "null0",
+        Arc::new(NullBdev::new("null0", BLOCK, BLOCKS * u64::from(BLOCK)).unwrap()),
+    );
+    rig.target.add_namespace(SUBNQN, 3, "null0").unwrap();
+    let (admin, _, mut io) = rig.controller();
+    let read_null = |io: &mut HostQueue| {
+        io.write_data(16384, &[0xEE; 4096]);
+        let mut read = rw(0x02, 0, 8, io.keyed(16384, 4096));
+        read.nsid = 3;
+        let c = io.exec(read, &[]).unwrap();
+        assert!(c.status.is_success(), "{c:?}");
+        io.read_data(16384, 4096)
+    };
+    let zeroes = vec![0u8; 4096];
+    assert!(read_null(&mut io) == zeroes, "first null read");
+    assert!(
+        read_null(&mut io) == zeroes,
+        "null read of a buffer known zeroed"
+    );
+    // A keyed write to the null namespace: the host's data lands in the buffer.
+    let a = pattern(0x5A, 4096);
+    io.write_data(0, &a);
+    let mut write = rw(0x01, 0, 8, io.keyed(0, 4096));
+    write.nsid = 3;
+    assert!(io.exec(write, &[]).unwrap().status.is_success());
+    assert!(
+        read_null(&mut io) == zeroes,
+        "null read after a keyed write"
+    );
+    // A malloc write and read back: the device fills the buffer with the data.
+    let c = io.exec(rw(0x01, 0, 8, io.keyed(0, 4096)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(read_null(&mut io) == zeroes);
+    io.write_data(8192, &[0; 4096]);
+    let c = io.exec(rw(0x02, 0, 8, io.keyed(8192, 4096)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(io.read_data(8192, 4096) == a, "malloc read back");
+    assert!(
+        read_null(&mut io) == zeroes,
+        "null read after a malloc read"
+    );
+    drop(io);
+    drop(admin);
+}
+
 #[test]
 fn abort_waiting_for_read_depth_tcp() {
     commands::abort_waiting_for_read_depth();
@@ -935,6 +988,7 @@ on_both_fabrics! {
     large_transfers_inproc, large_transfers_tcp => large_transfers;
     slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
+    null_zeroes_inproc, null_zeroes_tcp => null_reads_never_see_stale_data;
     in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
     in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
     in_capsule_srq_inproc, in_capsule_srq_tcp => in_capsule::srq_all_held;

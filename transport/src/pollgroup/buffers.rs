@@ -4,6 +4,12 @@
 //! Each poll group owns its buffers outright (a free stack, no atomics): the cache *is* the
 //! pool. SPDK shares one pool across poll groups with per-group caches to save memory; we size
 //! per group instead, so the fast path never touches memory another reactor writes.
+//!
+//! Each buffer also carries how many of its leading bytes are known to hold zeroes, so that a
+//! device which answers reads with zeroes (the null bdev) fills a buffer once, not per read.
+//! Every way to write a buffer forgets it first: a writable view (`bytes_mut`, `many_mut`) and
+//! an RDMA READ posted into it (`forget_written`, called for every READ a chain carries). Only
+//! `mark_zeroed`, after the layer above zeroed the bytes itself, sets it.
 
 use crate::device::{Mr, Pd};
 use crate::error::Result;
@@ -13,6 +19,8 @@ pub(crate) struct DataBuffers {
     mr: Mr,
     unit: u32,
     free: Vec<u32>,
+    /// Per buffer: leading bytes known to hold zeroes (see the module documentation).
+    zeroed: Vec<u32>,
 }
 
 impl DataBuffers {
@@ -24,6 +32,8 @@ impl DataBuffers {
             mr,
             unit,
             free: (0..count).rev().collect(),
+            // Unknown at first: the region's memory is the provider's.
+            zeroed: vec![0; count as usize],
         })
     }
 
@@ -57,6 +67,7 @@ impl DataBuffers {
     }
 
     pub(crate) fn bytes_mut(&mut self, buf: u32) -> &mut [u8] {
+        self.zeroed[buf as usize] = 0;
         let s = buf as usize * self.unit as usize;
         // SAFETY: callers fill a buffer only before posting a work request on it (none in
         // flight), no rkey to it is granted, and `&mut self` excludes any other view.
@@ -70,6 +81,7 @@ impl DataBuffers {
         let mut n = 0;
         for (slot, &b) in out.iter_mut().zip(bufs) {
             debug_assert!(!bufs[..n].contains(&b), "buffer {b} listed twice");
+            self.zeroed[b as usize] = 0;
             let s = b as usize * unit;
             // SAFETY: the buffers a request holds are distinct pieces of the region (each taken
             // once from the free stack), so the views do not overlap; `&mut self` excludes any
@@ -79,5 +91,58 @@ impl DataBuffers {
             n += 1;
         }
         n
+    }
+
+    /// True when the first `len` bytes of `bufs` (in order, `unit` bytes each) are known to
+    /// hold zeroes.
+    pub(crate) fn known_zero(&self, bufs: &[u32], len: u32) -> bool {
+        let mut left = len;
+        for &b in bufs {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(self.unit);
+            if self.zeroed[b as usize] < take {
+                return false;
+            }
+            left -= take;
+        }
+        left == 0
+    }
+
+    /// The first `len` bytes of `bufs` hold zeroes: the caller just filled them (checked in
+    /// debug builds).
+    pub(crate) fn mark_zeroed(&mut self, bufs: &[u32], len: u32) {
+        let mut left = len;
+        for &b in bufs {
+            if left == 0 {
+                break;
+            }
+            let take = left.min(self.unit);
+            debug_assert!(
+                self.bytes(b)[..take as usize].iter().all(|x| *x == 0),
+                "buffer {b} marked zeroed but is not"
+            );
+            let known = &mut self.zeroed[b as usize];
+            *known = (*known).max(take);
+            left -= take;
+        }
+    }
+
+    /// An RDMA READ is about to write `sge`: the buffers it covers are no longer known to
+    /// hold zeroes (an SGE in other memory is ignored).
+    pub(crate) fn forget_written(&mut self, sge: &Sge) {
+        if sge.lkey != self.mr.lkey() || sge.length == 0 {
+            return;
+        }
+        let Some(offset) = sge.addr.checked_sub(self.mr.addr()) else {
+            return;
+        };
+        let unit = u64::from(self.unit);
+        let first = offset / unit;
+        let last = (offset + u64::from(sge.length) - 1) / unit;
+        for b in first..=last.min(self.zeroed.len() as u64 - 1) {
+            self.zeroed[b as usize] = 0;
+        }
     }
 }

@@ -8,6 +8,8 @@
 //! reached the QP and only set the status. The chain is over when `retired == posted`; its
 //! status is the first error seen.
 
+use arrayvec::ArrayVec;
+
 use crate::error::{Result, TransportError};
 use crate::types::{SendFlags, SendOp, SendWr, Sge, WcStatus};
 
@@ -155,22 +157,28 @@ impl Chain {
         self.retired == self.posted
     }
 
-    /// The provider's WR list for the whole chain, borrowing this storage.
-    pub(crate) fn work_requests<'a>(
+    /// Appends the provider's WR list for the whole chain to `out`, borrowing this storage
+    /// (an ArrayVec: the caller's batch is not initialised first); returns how many were
+    /// appended (fewer only when `out` is full, which the caller's room check prevents).
+    pub(crate) fn work_requests<'a, const N: usize>(
         &'a self,
         generation: u32,
         index: u32,
-        out: &mut [SendWr<'a>],
+        out: &mut ArrayVec<SendWr<'a>, N>,
     ) -> usize {
+        let before = out.len();
         for (i, e) in self.wrs[..self.len as usize].iter().enumerate() {
-            out[i] = SendWr {
+            let wr = SendWr {
                 wr_id: wrid::encode(e.kind, i as u8, generation, index),
                 op: e.op,
                 sges: &self.sges[e.first_sge as usize..(e.first_sge + e.nsge) as usize],
                 flags: e.flags,
             };
+            if out.try_push(wr).is_err() {
+                break;
+            }
         }
-        self.len as usize
+        out.len() - before
     }
 
     /// The whole chain was handed to the QP.
@@ -268,12 +276,7 @@ mod tests {
     #[test]
     fn only_the_last_wr_is_signaled_and_kinds_follow_the_op() {
         let c = chain(&[write(), write(), SendOp::Send]);
-        let mut out = [SendWr {
-            wr_id: 0,
-            op: SendOp::Send,
-            sges: &[],
-            flags: SendFlags::empty(),
-        }; MAX_CHAIN_WRS];
+        let mut out = ArrayVec::<SendWr, MAX_CHAIN_WRS>::new();
         let n = c.work_requests(5, 9, &mut out);
         assert_eq!(n, 3);
         let ids: Vec<_> = out[..n]

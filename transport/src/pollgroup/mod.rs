@@ -228,6 +228,9 @@ pub struct PollGroup<R = ()> {
     draining: Vec<QpRef>,
     /// Completions to handle first in the next poll (reaped by `arm`'s re-check).
     carried: VecDeque<WorkCompletion>,
+    /// The batch `poll` reaps into (MAX_BATCH entries): kept, not a stack array initialised
+    /// on every pass (64 completions, 3 KiB).
+    wcs: Vec<WorkCompletion>,
     /// Host requests whose SEND and response are both in: reported at the end of the poll.
     completed: Vec<ReqId>,
     recv: RecvSlots,
@@ -337,6 +340,7 @@ impl<R> PollGroup<R> {
             dirty: Vec::with_capacity(nq),
             draining: Vec::with_capacity(nq),
             carried: VecDeque::with_capacity(1),
+            wcs: vec![WorkCompletion::default(); MAX_BATCH],
             completed: Vec::with_capacity(nreq),
             recv,
             bufs,

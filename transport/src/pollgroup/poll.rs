@@ -17,8 +17,10 @@
 //! RDMA READ depth), receive slots are re-posted to the SRQ as lists, and draining qpairs are
 //! checked.
 
+use arrayvec::ArrayVec;
+
 use crate::error::{Result, TransportError};
-use crate::types::{SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
+use crate::types::{SendWr, WcStatus, WorkCompletion};
 
 use super::chain::Retired;
 use super::qpair::{DrainReason, QpRef, QpairPhase, live_mut};
@@ -38,7 +40,12 @@ impl<R: Default> PollGroup<R> {
         if self.failed.is_some() {
             return Ok(0);
         }
-        let mut wcs = [WorkCompletion::default(); MAX_BATCH];
+        // Taken for the pass (the handler's callbacks get the group); never shorter than
+        // MAX_BATCH unless a callback polled the group from inside a poll.
+        let mut wcs = std::mem::take(&mut self.wcs);
+        if wcs.len() < MAX_BATCH {
+            wcs.resize(MAX_BATCH, WorkCompletion::default());
+        }
         let mut n = 0;
         // Completions carried over (arm's re-check) come first.
         while n < self.cfg.batch {
@@ -53,6 +60,7 @@ impl<R: Default> PollGroup<R> {
         match self.cq.poll(&mut wcs[n..self.cfg.batch]) {
             Ok(k) => n += k,
             Err(e) => {
+                self.wcs = wcs;
                 self.fail_group(h, format!("polling the CQ failed: {e}"));
                 return Err(e);
             }
@@ -65,6 +73,7 @@ impl<R: Default> PollGroup<R> {
         for wc in &wcs[..n] {
             self.dispatch(h, wc);
         }
+        self.wcs = wcs;
         if !self.waiting.is_empty() {
             self.run_waiting(h);
         }
@@ -390,22 +399,12 @@ impl<R: Default> PollGroup<R> {
                 self.chain_posted(index);
             }
             let result = {
-                let empty = SendWr {
-                    wr_id: 0,
-                    op: SendOp::Send,
-                    sges: &[],
-                    flags: SendFlags::empty(),
-                };
-                let mut wrs = [empty; POST_WRS];
-                let mut at = 0;
+                let mut wrs = ArrayVec::<SendWr, POST_WRS>::new();
                 for &index in &batch[..count] {
                     let generation = self.req_generation[index as usize];
-                    at += self.chains[index as usize].work_requests(
-                        generation,
-                        index,
-                        &mut wrs[at..],
-                    );
+                    self.chains[index as usize].work_requests(generation, index, &mut wrs);
                 }
+                let at = wrs.len();
                 self.stats.send_post_calls += 1;
                 self.stats.send_wrs_posted += at as u64;
                 let fault = match self.post_fault {
@@ -484,6 +483,7 @@ mod tests {
     use crate::pollgroup::lifecycle::QpairEvent;
     use crate::pollgroup::request::ReqId;
     use crate::pollgroup::{PollGroupConfig, SlotState};
+    use crate::types::SendOp;
     use crate::types::{SoftConfig, SoftFabric, WcOpcode};
 
     #[derive(Default)]

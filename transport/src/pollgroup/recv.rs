@@ -16,6 +16,8 @@
 //! in their qpair's FIFO through `links`. A request may keep its slot Held for as long as it
 //! lives (in-capsule data lent to block I/O in place: `bytes_mut`).
 
+use arrayvec::ArrayVec;
+
 use crate::device::{Mr, Pd, Srq};
 use crate::error::{PostError, Result};
 use crate::types::{Access, RecvWr, Sge};
@@ -240,19 +242,25 @@ impl RecvSlots {
             {
                 end += 1;
             }
-            let mut sges = [Sge::default(); POST_CHUNK];
-            for (sge, &slot) in sges.iter_mut().zip(&self.repost[at..end]) {
-                *sge = self
-                    .mr
-                    .sge(slot as usize * self.slot_size as usize, self.slot_size);
-            }
+            // Only the entries used are written (a chunk is usually one or two slots).
             let slots = &self.repost[at..end];
-            let wrs: [RecvWr<'_>; POST_CHUNK] = std::array::from_fn(|i| RecvWr {
-                wr_id: wrid::recv(slots.get(i).copied().unwrap_or(0)),
-                sges: std::slice::from_ref(&sges[i]),
-            });
+            let sges: ArrayVec<Sge, POST_CHUNK> = slots
+                .iter()
+                .map(|&slot| {
+                    self.mr
+                        .sge(slot as usize * self.slot_size as usize, self.slot_size)
+                })
+                .collect();
+            let wrs: ArrayVec<RecvWr<'_>, POST_CHUNK> = slots
+                .iter()
+                .zip(&sges)
+                .map(|(&slot, sge)| RecvWr {
+                    wr_id: wrid::recv(slot),
+                    sges: std::slice::from_ref(sge),
+                })
+                .collect();
             calls += 1;
-            let done = match post(owner, &wrs[..end - at]) {
+            let done = match post(owner, &wrs) {
                 Ok(()) => end - at,
                 Err(e) => e.failed_index,
             };
@@ -277,16 +285,19 @@ impl RecvSlots {
         while !self.repost.is_empty() {
             let n = self.repost.len().min(POST_CHUNK);
             let start = self.repost.len() - n;
-            let mut sges = [Sge::default(); POST_CHUNK];
-            for (sge, &slot) in sges.iter_mut().zip(&self.repost[start..]) {
-                *sge = self.sge(slot);
-            }
+            // Only the entries used are written (a chunk is usually one or two slots).
             let slots = &self.repost[start..];
-            let wrs: [RecvWr<'_>; POST_CHUNK] = std::array::from_fn(|i| RecvWr {
-                wr_id: wrid::recv(slots.get(i).copied().unwrap_or(0)),
-                sges: std::slice::from_ref(&sges[i]),
-            });
-            let result = srq.post_recv(&wrs[..n]);
+            let sges: ArrayVec<Sge, POST_CHUNK> =
+                slots.iter().map(|&slot| self.sge(slot)).collect();
+            let wrs: ArrayVec<RecvWr<'_>, POST_CHUNK> = slots
+                .iter()
+                .zip(&sges)
+                .map(|(&slot, sge)| RecvWr {
+                    wr_id: wrid::recv(slot),
+                    sges: std::slice::from_ref(sge),
+                })
+                .collect();
+            let result = srq.post_recv(&wrs);
             calls += 1;
             let done = match &result {
                 Ok(()) => n,

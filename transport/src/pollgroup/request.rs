@@ -12,8 +12,10 @@
 //! its next command as soon as it sees a response, before that response's SEND completion is
 //! reaped here.
 
+use arrayvec::ArrayVec;
+
 use crate::error::{Result, TransportError};
-use crate::types::{Sge, WcStatus};
+use crate::types::{SendOp, Sge, WcStatus};
 
 use super::PollGroup;
 use super::chain::{ChainWr, MAX_CHAIN_SGES};
@@ -307,6 +309,29 @@ impl<R> PollGroup<R> {
         n
     }
 
+    /// As [`PollGroup::buffer_sges`], appended to `out` (nothing initialised first; stops
+    /// when `out` is full).
+    pub fn buffer_sges_into<const N: usize>(
+        &self,
+        req: ReqId,
+        len: u32,
+        out: &mut ArrayVec<Sge, N>,
+    ) {
+        let Some(r) = self.request(req) else {
+            return;
+        };
+        let unit = self.bufs.unit();
+        let mut left = len;
+        for &b in &r.bufs[..r.nbufs as usize] {
+            if left == 0 || out.is_full() {
+                break;
+            }
+            let take = left.min(unit);
+            out.push(self.bufs.sge(b, 0, take));
+            left -= take;
+        }
+    }
+
     /// Buffer `i` of `req` (io_unit_size bytes).
     pub fn buffer(&self, req: ReqId, i: usize) -> &[u8] {
         match self.request(req) {
@@ -368,6 +393,42 @@ impl<R> PollGroup<R> {
         self.bufs.many_mut(&bufs[..n], out)
     }
 
+    /// As [`PollGroup::buffers_mut`], and whether the first `len` bytes of those buffers were
+    /// known to hold zeroes (written only by [`PollGroup::mark_zeroed`] since they last were).
+    /// The views may write anything: the buffers are no longer known zeroed afterwards until
+    /// the caller marks them again.
+    pub fn buffers_mut_zeroed<'a>(
+        &'a mut self,
+        req: ReqId,
+        len: u32,
+        out: &mut [&'a mut [u8]],
+    ) -> (usize, bool) {
+        let Some(r) = self.request(req) else {
+            return (0, false);
+        };
+        if r.chain_in_flight() {
+            return (0, false);
+        }
+        let (bufs, n) = (r.bufs, r.nbufs as usize);
+        let zeroed = self.bufs.known_zero(&bufs[..n], len);
+        (self.bufs.many_mut(&bufs[..n], out), zeroed)
+    }
+
+    /// The first `len` bytes of `req`'s buffers hold zeroes: the caller just zeroed them (or
+    /// was told by [`PollGroup::buffers_mut_zeroed`] they were and wrote nothing). A later
+    /// [`PollGroup::buffers_mut_zeroed`] on the same buffers reports them zeroed unless they
+    /// were written in between. Checked in debug builds.
+    pub fn mark_zeroed(&mut self, req: ReqId, len: u32) {
+        let Some(r) = self.request(req) else {
+            return;
+        };
+        if r.chain_in_flight() {
+            return;
+        }
+        let (bufs, n) = (r.bufs, r.nbufs as usize);
+        self.bufs.mark_zeroed(&bufs[..n], len);
+    }
+
     /// Posts a chain of WRs for `req`: up to MAX_CHAIN_WRS, the last signaled. It is copied
     /// into the request and goes on the send queue at the end of the poll, as soon as its
     /// qpair has send-queue and RDMA READ room (FIFO per qpair; no retry by the caller).
@@ -394,6 +455,14 @@ impl<R> PollGroup<R> {
             )));
         }
         self.chains[req.index as usize].set(chain, max_inline)?;
+        // An RDMA READ writes its local SGEs: those data buffers no longer hold known zeroes.
+        for wr in chain {
+            if matches!(wr.op, SendOp::RdmaRead { .. }) {
+                for sge in wr.sges {
+                    self.bufs.forget_written(sge);
+                }
+            }
+        }
         let r = self.live(req)?;
         r.answers = answers;
         r.state = RequestState::WaitingToPost;
@@ -474,17 +543,21 @@ impl<R> PollGroup<R> {
     }
 
     pub(crate) fn free(&mut self, index: u32) {
-        let r = self.reqs.remove(index as usize);
+        // Read in place: the request (with the layer above's state) is a few hundred bytes,
+        // and moving it out only to drop it was a memcpy per command.
+        let r = &self.reqs[index as usize];
         for &b in &r.bufs[..r.nbufs as usize] {
             self.bufs.put(b);
         }
-        if r.slot != NO_SLOT {
-            self.recv.release(r.slot);
+        let (slot, aborted, qpair, depth_released) = (r.slot, r.aborted, r.qpair, r.depth_released);
+        self.reqs.remove(index as usize);
+        if slot != NO_SLOT {
+            self.recv.release(slot);
         }
-        if !r.aborted {
-            if let Some(q) = self.qpair_at_mut(r.qpair) {
+        if !aborted {
+            if let Some(q) = self.qpair_at_mut(qpair) {
                 q.requests -= 1;
-                if !r.depth_released {
+                if !depth_released {
                     q.outstanding = q.outstanding.saturating_sub(1);
                 }
             }
