@@ -405,22 +405,6 @@ impl TcpPoller {
         let _ = self.registry.deregister(&mut SourceFd(&fd));
     }
 
-    /// Whether QP `qpn` has output the socket did not take yet.
-    fn output_waits(&self, qpn: u32) -> bool {
-        let qp = self
-            .qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&qpn)
-            .and_then(Weak::upgrade);
-        qp.is_some_and(|qp| {
-            qp.lock()
-                .conn
-                .as_ref()
-                .is_none_or(|c| c.output_pending() || c.dead)
-        })
-    }
-
     /// Run the QPs whose sockets are ready (zero-timeout epoll).
     pub(crate) fn poll(&self) {
         let Ok(mut g) = self.poll.try_lock() else {
@@ -435,24 +419,27 @@ impl TcpPoller {
         }
         let now = Instant::now();
         for ev in events.iter() {
-            if !ev.is_readable() && !ev.is_read_closed() && !ev.is_error() && !ev.is_write_closed()
-            {
-                // Write space only (the peer's TCP ACKs free it after every send): progress
-                // has work only if output waits for that space.
-                if !self.output_waits(ev.token().0 as u32) {
-                    continue;
-                }
-            }
+            let readable =
+                ev.is_readable() || ev.is_read_closed() || ev.is_error() || ev.is_write_closed();
             let qp = self
                 .qps
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&(ev.token().0 as u32))
                 .and_then(Weak::upgrade);
-            if let Some(qp) = qp {
-                if qp.progress(now) {
-                    qp.send_cq().want_progress(&qp);
-                }
+            let Some(qp) = qp else { continue };
+            let mut g = qp.lock();
+            match g.conn.as_mut() {
+                Some(c) if readable => c.readable = true,
+                // Write space only (the peer's TCP ACKs free it after every send): progress
+                // has work only if output waits for that space.
+                Some(c) if !c.output_pending() && !c.dead => continue,
+                _ => {}
+            }
+            let want = progress(&qp, &mut g, now);
+            drop(g);
+            if want {
+                qp.send_cq().want_progress(&qp);
             }
         }
     }
@@ -470,13 +457,24 @@ pub(crate) struct Conn {
     /// every request up to its sequence), so the requests of one read share one ACK; any other
     /// frame, and every flush, encodes it first, keeping the stream's order.
     ack: Option<u64>,
+    /// The pending ACK already waited one progress run for a frame to ride on (a response
+    /// the application posts after reaping what the run delivered): the next run sends it
+    /// alone. So a pure ACK costs no write of its own when a frame follows, and waits at most
+    /// until the CQ's next poll (RC needs it to come, not to come first).
+    ack_deferred: bool,
     inb: Vec<u8>,
     in_len: usize,
+    /// The socket may hold unread bytes: set by a readiness event (and for a new connection),
+    /// cleared by a read that drained it. Runs without it (a deferred ACK, an RNR timer, write
+    /// space) make no read syscall just to see WouldBlock.
+    readable: bool,
     /// Requester: re-send from this sequence when the RNR timer expires.
     go_back: Option<u64>,
     dead: bool,
     /// Fault: the next request frame is lost on the wire.
     lose_next: bool,
+    /// Write syscalls made (tests count them).
+    writes: u64,
 }
 
 impl Conn {
@@ -496,17 +494,21 @@ impl Conn {
             out: Vec::new(),
             out_pos: 0,
             ack: None,
+            ack_deferred: false,
             inb: vec![0; 64 * 1024],
             in_len: 0,
+            readable: true,
             go_back: None,
             dead: false,
             lose_next: false,
+            writes: 0,
         }
     }
 
     fn flush(&mut self) {
         self.frame();
         while self.out_pos < self.out.len() {
+            self.writes += 1;
             match self.stream.write(&self.out[self.out_pos..]) {
                 Ok(0) => {
                     self.dead = true;
@@ -533,6 +535,7 @@ impl Conn {
     /// The output buffer, to encode a frame other than an ACK into: the pending ACK goes first.
     fn frame(&mut self) -> &mut Vec<u8> {
         if let Some(seq) = self.ack.take() {
+            self.ack_deferred = false;
             Hdr {
                 ty: T_ACK,
                 seq,
@@ -862,9 +865,12 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
         lost(qp, slow);
         return false;
     }
-    conn.flush();
+    if conn.out_pos < conn.out.len() {
+        // Output the socket did not take earlier goes first.
+        conn.flush();
+    }
     let st = qp.state();
-    if matches!(st, QpState::Rtr | QpState::Rts | QpState::Err) {
+    if conn.readable && matches!(st, QpState::Rtr | QpState::Rts | QpState::Err) {
         // Read what is there, handle complete frames.
         loop {
             if conn.in_len == conn.inb.len() {
@@ -895,7 +901,10 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                     // (edge-triggered) readiness event, so no read just to see WouldBlock.
                     n < room
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    conn.readable = false;
+                    break;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => {
                     conn.dead = true;
@@ -907,6 +916,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                 break;
             }
             if drained {
+                conn.readable = false;
                 break;
             }
         }
@@ -926,7 +936,13 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
             fail_at(qp, slow, i, status);
         }
     }
-    conn.flush();
+    if conn.out_pos == conn.out.len() && conn.ack.is_some() && !conn.ack_deferred {
+        // Only an ACK to send: it rides on the next frame out (the response the application
+        // posts after reaping this run's completions), or goes alone on the next run.
+        conn.ack_deferred = true;
+    } else {
+        conn.flush();
+    }
     let dead = conn.dead;
     let want = conn.go_back.is_some() || conn.output_pending();
     slow.conn = Some(conn);

@@ -79,6 +79,79 @@ fn replacement_connection_keeps_the_sequence() {
     check(&b, &a, &net, 6, 2);
 }
 
+/// Write syscalls `side`'s connection has made.
+fn writes(side: &Side) -> u64 {
+    side.qp.sh.lock().conn.as_ref().map_or(0, |c| c.writes)
+}
+
+#[test]
+fn ack_rides_on_the_next_frame_out() {
+    let (mut a, mut b, net) = connected_pair();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 10,
+        sges: &[b.mr.sge(80, 8)],
+    }])
+    .unwrap();
+    a.qp.post_recv(&[RecvWr {
+        wr_id: 11,
+        sges: &[a.mr.sge(88, 8)],
+    }])
+    .unwrap();
+    let before = writes(&b);
+    a.qp.post_send(&[send_wr(
+        10,
+        SendOp::Send,
+        &[a.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    // b alone polls until the request is delivered: its ACK waits for a frame to ride on.
+    let mut wc = [WorkCompletion::default(); 4];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.cq.poll(&mut wc).unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the request never arrived");
+        std::thread::yield_now();
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (10, WcStatus::Success));
+    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    // The response carries it: one write for both.
+    b.qp.post_send(&[send_wr(
+        11,
+        SendOp::Send,
+        &[b.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(writes(&b), before + 1);
+    let sent = net.wait(&a.cq, 2);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 11);
+}
+
+#[test]
+fn a_pure_ack_goes_alone_on_the_next_poll() {
+    let (mut a, mut b, net) = connected_pair();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 10,
+        sges: &[b.mr.sge(80, 8)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[send_wr(
+        10,
+        SendOp::Send,
+        &[a.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    // Nothing is posted back: a's send still completes (the ACK leaves on a later poll).
+    assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 10);
+    let sent = net.wait(&a.cq, 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (10, WcStatus::Success));
+}
+
 /// A connection to `dev`'s fabric port that has sent `hello`, as the acceptor holds it.
 fn pending_with(dev: &Arc<DeviceInner>, hello: &Hdr) -> Pending {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
