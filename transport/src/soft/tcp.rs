@@ -48,6 +48,13 @@ const HDR: usize = 32;
 /// soft device's largest message.
 const MAX_PAYLOAD: usize = 256 << 20;
 
+/// A payload from registered memory at least this long is written from there (`OutRef`);
+/// a shorter one is copied into the output buffer (a key lookup costs more than the copy).
+const DIRECT_MIN: usize = 1024;
+/// Most spans waiting for one flush (each pinned for the flush's write); past it, payloads are
+/// copied.
+const MAX_REFS: usize = 32;
+
 const T_HELLO: u8 = 1;
 const T_SEND: u8 = 2;
 const T_SEND_IMM: u8 = 3;
@@ -448,6 +455,20 @@ impl TcpPoller {
 // ---------------------------------------------------------------------------------------------
 // The connection of one QP.
 
+/// A request's payload in registered memory, written by the next flush straight from there
+/// (one `sendmsg` over the output buffer's headers and these spans) instead of gathered into
+/// the buffer. The key is looked up (and the span pinned) again for that write, so nothing
+/// holds a registration between calls; the flush follows in the same call that encoded it
+/// (`post_send`'s list, a progress run), and what the socket does not take then is copied.
+struct OutRef {
+    /// Offset in `Conn::out` the span goes before.
+    at: usize,
+    lkey: u32,
+    pd: u32,
+    addr: u64,
+    len: u64,
+}
+
 pub(crate) struct Conn {
     stream: mio::net::TcpStream,
     fd: RawFd,
@@ -462,6 +483,8 @@ pub(crate) struct Conn {
     /// alone. So a pure ACK costs no write of its own when a frame follows, and waits at most
     /// until the CQ's next poll (RC needs it to come, not to come first).
     ack_deferred: bool,
+    /// Payload spans interleaved with `out` (in order; empty after every flush).
+    refs: Vec<OutRef>,
     inb: Vec<u8>,
     in_len: usize,
     /// The socket may hold unread bytes: set by a readiness event (and for a new connection),
@@ -495,6 +518,7 @@ impl Conn {
             out_pos: 0,
             ack: None,
             ack_deferred: false,
+            refs: Vec::new(),
             inb: vec![0; 64 * 1024],
             in_len: 0,
             readable: true,
@@ -505,8 +529,12 @@ impl Conn {
         }
     }
 
-    fn flush(&mut self) {
+    fn flush(&mut self, keys: &mem::KeyTable) {
         self.frame();
+        if !self.refs.is_empty() {
+            self.flush_parts(keys);
+            return;
+        }
         while self.out_pos < self.out.len() {
             self.writes += 1;
             match self.stream.write(&self.out[self.out_pos..]) {
@@ -527,9 +555,76 @@ impl Conn {
         self.out_pos = 0;
     }
 
+    /// Write `out` with the payload spans of `refs` between its bytes, in one `sendmsg` where
+    /// the socket takes it all; the rest is copied into `out` (refs empty after).
+    fn flush_parts(&mut self, keys: &mem::KeyTable) {
+        let mut pinned: arrayvec::ArrayVec<mem::KeyRef<'_>, MAX_REFS> = arrayvec::ArrayVec::new();
+        for r in &self.refs {
+            match keys.lookup(r.lkey, false, r.pd, r.addr, r.len, Access::empty()) {
+                Ok(k) => pinned.push(k),
+                Err(_) => {
+                    // Checked when encoded, in this same call: only an MR deregistered
+                    // meanwhile by another thread (while its WR was posted) gets here. Its
+                    // bytes cannot be sent: the connection fails, as on a broken wire.
+                    tracing::warn!("soft fabric: a posted payload's MR went away before its write");
+                    self.dead = true;
+                    self.refs.clear();
+                    return;
+                }
+            }
+        }
+        let mut parts: arrayvec::ArrayVec<mem::Part<'_, '_>, { 2 * MAX_REFS + 1 }> =
+            arrayvec::ArrayVec::new();
+        let mut prev = self.out_pos;
+        for (r, k) in self.refs.iter().zip(pinned.iter()) {
+            if r.at > prev {
+                parts.push(mem::Part::Bytes(&self.out[prev..r.at]));
+                prev = r.at;
+            }
+            parts.push(mem::Part::Span(k));
+        }
+        if self.out.len() > prev {
+            parts.push(mem::Part::Bytes(&self.out[prev..]));
+        }
+        let total =
+            self.out.len() - self.out_pos + self.refs.iter().map(|r| r.len as usize).sum::<usize>();
+        let mut done = 0;
+        while done < total {
+            self.writes += 1;
+            match mem::send_parts(self.fd, &parts, done) {
+                Ok(0) => {
+                    self.dead = true;
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.dead = true;
+                    break;
+                }
+            }
+        }
+        let mut rest = Vec::new();
+        if done < total && !self.dead {
+            // The socket is full: keep the rest as bytes (the spans are pinned only now).
+            rest.reserve(total - done);
+            mem::gather_parts(&parts, done, &mut rest);
+        }
+        drop(parts);
+        drop(pinned);
+        self.refs.clear();
+        self.out_pos = 0;
+        if rest.is_empty() {
+            self.out.clear();
+        } else {
+            self.out = rest;
+        }
+    }
+
     /// Whether anything waits to be written (encoded or a pending ACK).
     fn output_pending(&self) -> bool {
-        self.out_pos < self.out.len() || self.ack.is_some()
+        self.out_pos < self.out.len() || !self.refs.is_empty() || self.ack.is_some()
     }
 
     /// The output buffer, to encode a frame other than an ACK into: the pending ACK goes first.
@@ -687,7 +782,7 @@ pub(crate) fn flush_posted(qp: &Arc<QpShared>) {
     if !conn.output_pending() || conn.dead {
         return;
     }
-    conn.flush();
+    conn.flush(&qp.dev().keys);
     if conn.dead {
         // The write found the connection gone (e.g. refused): fail as when retries run out.
         lost(qp, &mut g);
@@ -761,6 +856,10 @@ fn transmit(qp: &QpShared, conn: &mut Conn, e: &mut SqEntry) -> std::result::Res
     if conn.lose_next && conn.out.len() > start {
         conn.lose_next = false;
         conn.out.truncate(start);
+        // A span at `start` is the previous frame's payload; later ones are this frame's.
+        while conn.refs.last().is_some_and(|r| r.at > start) {
+            conn.refs.pop();
+        }
     }
     Ok(())
 }
@@ -825,9 +924,23 @@ fn encode_request(
                 }
                 h.len = n as u32;
                 h.encode(&mut conn.out);
-                let start = conn.out.len();
-                conn.out.resize(start + n, 0);
-                mem::gather(&list, &mut conn.out[start..]);
+                let spans = sges.iter().filter(|s| s.length > 0).count();
+                if n >= DIRECT_MIN && conn.refs.len() + spans <= MAX_REFS {
+                    let at = conn.out.len();
+                    let pd = qp.pd();
+                    conn.refs
+                        .extend(sges.iter().filter(|s| s.length > 0).map(|s| OutRef {
+                            at,
+                            lkey: s.lkey,
+                            pd,
+                            addr: s.addr,
+                            len: u64::from(s.length),
+                        }));
+                } else {
+                    let start = conn.out.len();
+                    conn.out.resize(start + n, 0);
+                    mem::gather(&list, &mut conn.out[start..]);
+                }
             }
         }
     } else {
@@ -867,7 +980,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
     }
     if conn.out_pos < conn.out.len() {
         // Output the socket did not take earlier goes first.
-        conn.flush();
+        conn.flush(&qp.dev().keys);
     }
     let st = qp.state();
     if conn.readable && matches!(st, QpState::Rtr | QpState::Rts | QpState::Err) {
@@ -941,7 +1054,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
         // posts after reaping this run's completions), or goes alone on the next run.
         conn.ack_deferred = true;
     } else {
-        conn.flush();
+        conn.flush(&qp.dev().keys);
     }
     let dead = conn.dead;
     let want = conn.go_back.is_some() || conn.output_pending();
