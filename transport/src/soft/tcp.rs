@@ -24,8 +24,11 @@
 //!   with a per-connection output buffer, flushed on writable readiness.
 //! - Syscalls are per batch, not per frame: a `post_send` list is written with one write at its
 //!   end, a progress run reads until a short read (edge-triggered epoll reports later data) and
-//!   writes once, a responder sends one cumulative ACK per batch of requests it read, and
-//!   write-space events (one per TCP ACK the kernel gets) run nothing unless output waits.
+//!   writes once, a responder sends one cumulative ACK per batch of requests it read (riding
+//!   on the next frame out, or alone on the CQ's next poll), runs without a readiness event
+//!   read nothing, and write-space events run nothing unless output waits.
+//! - Payloads of 1 KiB or more leave straight from their registered spans (one `sendmsg` over
+//!   the headers and the pinned spans), not gathered into the output buffer first.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
