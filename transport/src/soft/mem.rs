@@ -12,6 +12,7 @@
 //! Lookups never block and never allocate.
 
 use std::ops::Range;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -530,6 +531,95 @@ pub(crate) fn scatter(dst: &SgList<'_>, data: &[u8]) -> usize {
         off += n;
     }
     off
+}
+
+/// One piece of a vectored socket write: bytes of the caller's, or a pinned span of
+/// registered memory that the kernel reads in place (as a NIC's DMA would), so a payload is
+/// not gathered into a buffer first.
+pub(crate) enum Part<'p, 'a> {
+    Bytes(&'p [u8]),
+    Span(&'p KeyRef<'a>),
+}
+
+impl Part<'_, '_> {
+    fn len(&self) -> usize {
+        match self {
+            Part::Bytes(b) => b.len(),
+            Part::Span(r) => r.len as usize,
+        }
+    }
+}
+
+/// Most iovecs one `send_parts` call passes (the caller loops for the rest).
+const MAX_IOV: usize = 64;
+
+/// `sendmsg(2)` (MSG_NOSIGNAL: a closed peer is an error, not a signal) of the concatenation
+/// of `parts`, from byte `skip` on. Returns the bytes the socket took.
+pub(crate) fn send_parts(
+    fd: RawFd,
+    parts: &[Part<'_, '_>],
+    mut skip: usize,
+) -> std::io::Result<usize> {
+    let mut iov: ArrayVec<libc::iovec, MAX_IOV> = ArrayVec::new();
+    for p in parts {
+        let len = p.len();
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        if iov.is_full() {
+            break;
+        }
+        let base: *const u8 = match p {
+            Part::Bytes(b) => b[skip..].as_ptr(),
+            Part::Span(r) => std::ptr::with_exposed_provenance(r.addr as usize + skip),
+        };
+        iov.push(libc::iovec {
+            iov_base: base.cast_mut().cast(),
+            iov_len: len - skip,
+        });
+        skip = 0;
+    }
+    if iov.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: a zeroed msghdr is valid (no name, no control data); it points at `iov`.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len();
+    // SAFETY: every iovec covers live memory for the call: the caller's byte slices, or spans
+    // that `KeyTable::lookup` proved inside registrations which the `KeyRef` guards keep
+    // alive; the kernel only reads them (a concurrent write to registered memory races as
+    // with a NIC's DMA read, never with a Rust reference).
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Append the concatenation of `parts`, from byte `skip` on, to `out` (what a socket did not
+/// take, kept as bytes of its own).
+pub(crate) fn gather_parts(parts: &[Part<'_, '_>], mut skip: usize, out: &mut Vec<u8>) {
+    for p in parts {
+        let len = p.len();
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        match p {
+            Part::Bytes(b) => out.extend_from_slice(&b[skip..]),
+            Part::Span(r) => {
+                let start = out.len();
+                out.resize(start + len - skip, 0);
+                // SAFETY: `r` pins a live registration covering r.addr..r.addr+r.len, and
+                // skip < len.
+                unsafe { shared_mem::read(r.region, r.addr as usize + skip, &mut out[start..]) };
+            }
+        }
+        skip = 0;
+    }
 }
 
 /// Memory behind an MR.

@@ -24,8 +24,11 @@
 //!   with a per-connection output buffer, flushed on writable readiness.
 //! - Syscalls are per batch, not per frame: a `post_send` list is written with one write at its
 //!   end, a progress run reads until a short read (edge-triggered epoll reports later data) and
-//!   writes once, a responder sends one cumulative ACK per batch of requests it read, and
-//!   write-space events (one per TCP ACK the kernel gets) run nothing unless output waits.
+//!   writes once, a responder sends one cumulative ACK per batch of requests it read (riding
+//!   on the next frame out, or alone on the CQ's next poll), runs without a readiness event
+//!   read nothing, and write-space events run nothing unless output waits.
+//! - Payloads of 1 KiB or more leave straight from their registered spans (one `sendmsg` over
+//!   the headers and the pinned spans), not gathered into the output buffer first.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
@@ -47,6 +50,13 @@ const HDR: usize = 32;
 /// Largest payload a frame may carry (a bigger length is a corrupt or hostile stream): the
 /// soft device's largest message.
 const MAX_PAYLOAD: usize = 256 << 20;
+
+/// A payload from registered memory at least this long is written from there (`OutRef`);
+/// a shorter one is copied into the output buffer (a key lookup costs more than the copy).
+const DIRECT_MIN: usize = 1024;
+/// Most spans waiting for one flush (each pinned for the flush's write); past it, payloads are
+/// copied.
+const MAX_REFS: usize = 32;
 
 const T_HELLO: u8 = 1;
 const T_SEND: u8 = 2;
@@ -405,22 +415,6 @@ impl TcpPoller {
         let _ = self.registry.deregister(&mut SourceFd(&fd));
     }
 
-    /// Whether QP `qpn` has output the socket did not take yet.
-    fn output_waits(&self, qpn: u32) -> bool {
-        let qp = self
-            .qps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&qpn)
-            .and_then(Weak::upgrade);
-        qp.is_some_and(|qp| {
-            qp.lock()
-                .conn
-                .as_ref()
-                .is_none_or(|c| c.output_pending() || c.dead)
-        })
-    }
-
     /// Run the QPs whose sockets are ready (zero-timeout epoll).
     pub(crate) fn poll(&self) {
         let Ok(mut g) = self.poll.try_lock() else {
@@ -435,24 +429,27 @@ impl TcpPoller {
         }
         let now = Instant::now();
         for ev in events.iter() {
-            if !ev.is_readable() && !ev.is_read_closed() && !ev.is_error() && !ev.is_write_closed()
-            {
-                // Write space only (the peer's TCP ACKs free it after every send): progress
-                // has work only if output waits for that space.
-                if !self.output_waits(ev.token().0 as u32) {
-                    continue;
-                }
-            }
+            let readable =
+                ev.is_readable() || ev.is_read_closed() || ev.is_error() || ev.is_write_closed();
             let qp = self
                 .qps
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&(ev.token().0 as u32))
                 .and_then(Weak::upgrade);
-            if let Some(qp) = qp {
-                if qp.progress(now) {
-                    qp.send_cq().want_progress(&qp);
-                }
+            let Some(qp) = qp else { continue };
+            let mut g = qp.lock();
+            match g.conn.as_mut() {
+                Some(c) if readable => c.readable = true,
+                // Write space only (the peer's TCP ACKs free it after every send): progress
+                // has work only if output waits for that space.
+                Some(c) if !c.output_pending() && !c.dead => continue,
+                _ => {}
+            }
+            let want = progress(&qp, &mut g, now);
+            drop(g);
+            if want {
+                qp.send_cq().want_progress(&qp);
             }
         }
     }
@@ -460,6 +457,20 @@ impl TcpPoller {
 
 // ---------------------------------------------------------------------------------------------
 // The connection of one QP.
+
+/// A request's payload in registered memory, written by the next flush straight from there
+/// (one `sendmsg` over the output buffer's headers and these spans) instead of gathered into
+/// the buffer. The key is looked up (and the span pinned) again for that write, so nothing
+/// holds a registration between calls; the flush follows in the same call that encoded it
+/// (`post_send`'s list, a progress run), and what the socket does not take then is copied.
+struct OutRef {
+    /// Offset in `Conn::out` the span goes before.
+    at: usize,
+    lkey: u32,
+    pd: u32,
+    addr: u64,
+    len: u64,
+}
 
 pub(crate) struct Conn {
     stream: mio::net::TcpStream,
@@ -470,13 +481,26 @@ pub(crate) struct Conn {
     /// every request up to its sequence), so the requests of one read share one ACK; any other
     /// frame, and every flush, encodes it first, keeping the stream's order.
     ack: Option<u64>,
+    /// The pending ACK already waited one progress run for a frame to ride on (a response
+    /// the application posts after reaping what the run delivered): the next run sends it
+    /// alone. So a pure ACK costs no write of its own when a frame follows, and waits at most
+    /// until the CQ's next poll (RC needs it to come, not to come first).
+    ack_deferred: bool,
+    /// Payload spans interleaved with `out` (in order; empty after every flush).
+    refs: Vec<OutRef>,
     inb: Vec<u8>,
     in_len: usize,
+    /// The socket may hold unread bytes: set by a readiness event (and for a new connection),
+    /// cleared by a read that drained it. Runs without it (a deferred ACK, an RNR timer, write
+    /// space) make no read syscall just to see WouldBlock.
+    readable: bool,
     /// Requester: re-send from this sequence when the RNR timer expires.
     go_back: Option<u64>,
     dead: bool,
     /// Fault: the next request frame is lost on the wire.
     lose_next: bool,
+    /// Write syscalls made (tests count them).
+    writes: u64,
 }
 
 impl Conn {
@@ -496,17 +520,26 @@ impl Conn {
             out: Vec::new(),
             out_pos: 0,
             ack: None,
+            ack_deferred: false,
+            refs: Vec::new(),
             inb: vec![0; 64 * 1024],
             in_len: 0,
+            readable: true,
             go_back: None,
             dead: false,
             lose_next: false,
+            writes: 0,
         }
     }
 
-    fn flush(&mut self) {
+    fn flush(&mut self, keys: &mem::KeyTable) {
         self.frame();
+        if !self.refs.is_empty() {
+            self.flush_parts(keys);
+            return;
+        }
         while self.out_pos < self.out.len() {
+            self.writes += 1;
             match self.stream.write(&self.out[self.out_pos..]) {
                 Ok(0) => {
                     self.dead = true;
@@ -525,14 +558,82 @@ impl Conn {
         self.out_pos = 0;
     }
 
+    /// Write `out` with the payload spans of `refs` between its bytes, in one `sendmsg` where
+    /// the socket takes it all; the rest is copied into `out` (refs empty after).
+    fn flush_parts(&mut self, keys: &mem::KeyTable) {
+        let mut pinned: arrayvec::ArrayVec<mem::KeyRef<'_>, MAX_REFS> = arrayvec::ArrayVec::new();
+        for r in &self.refs {
+            match keys.lookup(r.lkey, false, r.pd, r.addr, r.len, Access::empty()) {
+                Ok(k) => pinned.push(k),
+                Err(_) => {
+                    // Checked when encoded, in this same call: only an MR deregistered
+                    // meanwhile by another thread (while its WR was posted) gets here. Its
+                    // bytes cannot be sent: the connection fails, as on a broken wire.
+                    tracing::warn!("soft fabric: a posted payload's MR went away before its write");
+                    self.dead = true;
+                    self.refs.clear();
+                    return;
+                }
+            }
+        }
+        let mut parts: arrayvec::ArrayVec<mem::Part<'_, '_>, { 2 * MAX_REFS + 1 }> =
+            arrayvec::ArrayVec::new();
+        let mut prev = self.out_pos;
+        for (r, k) in self.refs.iter().zip(pinned.iter()) {
+            if r.at > prev {
+                parts.push(mem::Part::Bytes(&self.out[prev..r.at]));
+                prev = r.at;
+            }
+            parts.push(mem::Part::Span(k));
+        }
+        if self.out.len() > prev {
+            parts.push(mem::Part::Bytes(&self.out[prev..]));
+        }
+        let total =
+            self.out.len() - self.out_pos + self.refs.iter().map(|r| r.len as usize).sum::<usize>();
+        let mut done = 0;
+        while done < total {
+            self.writes += 1;
+            match mem::send_parts(self.fd, &parts, done) {
+                Ok(0) => {
+                    self.dead = true;
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.dead = true;
+                    break;
+                }
+            }
+        }
+        let mut rest = Vec::new();
+        if done < total && !self.dead {
+            // The socket is full: keep the rest as bytes (the spans are pinned only now).
+            rest.reserve(total - done);
+            mem::gather_parts(&parts, done, &mut rest);
+        }
+        drop(parts);
+        drop(pinned);
+        self.refs.clear();
+        self.out_pos = 0;
+        if rest.is_empty() {
+            self.out.clear();
+        } else {
+            self.out = rest;
+        }
+    }
+
     /// Whether anything waits to be written (encoded or a pending ACK).
     fn output_pending(&self) -> bool {
-        self.out_pos < self.out.len() || self.ack.is_some()
+        self.out_pos < self.out.len() || !self.refs.is_empty() || self.ack.is_some()
     }
 
     /// The output buffer, to encode a frame other than an ACK into: the pending ACK goes first.
     fn frame(&mut self) -> &mut Vec<u8> {
         if let Some(seq) = self.ack.take() {
+            self.ack_deferred = false;
             Hdr {
                 ty: T_ACK,
                 seq,
@@ -684,7 +785,7 @@ pub(crate) fn flush_posted(qp: &Arc<QpShared>) {
     if !conn.output_pending() || conn.dead {
         return;
     }
-    conn.flush();
+    conn.flush(&qp.dev().keys);
     if conn.dead {
         // The write found the connection gone (e.g. refused): fail as when retries run out.
         lost(qp, &mut g);
@@ -758,6 +859,10 @@ fn transmit(qp: &QpShared, conn: &mut Conn, e: &mut SqEntry) -> std::result::Res
     if conn.lose_next && conn.out.len() > start {
         conn.lose_next = false;
         conn.out.truncate(start);
+        // A span at `start` is the previous frame's payload; later ones are this frame's.
+        while conn.refs.last().is_some_and(|r| r.at > start) {
+            conn.refs.pop();
+        }
     }
     Ok(())
 }
@@ -822,9 +927,23 @@ fn encode_request(
                 }
                 h.len = n as u32;
                 h.encode(&mut conn.out);
-                let start = conn.out.len();
-                conn.out.resize(start + n, 0);
-                mem::gather(&list, &mut conn.out[start..]);
+                let spans = sges.iter().filter(|s| s.length > 0).count();
+                if n >= DIRECT_MIN && conn.refs.len() + spans <= MAX_REFS {
+                    let at = conn.out.len();
+                    let pd = qp.pd();
+                    conn.refs
+                        .extend(sges.iter().filter(|s| s.length > 0).map(|s| OutRef {
+                            at,
+                            lkey: s.lkey,
+                            pd,
+                            addr: s.addr,
+                            len: u64::from(s.length),
+                        }));
+                } else {
+                    let start = conn.out.len();
+                    conn.out.resize(start + n, 0);
+                    mem::gather(&list, &mut conn.out[start..]);
+                }
             }
         }
     } else {
@@ -862,9 +981,12 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
         lost(qp, slow);
         return false;
     }
-    conn.flush();
+    if conn.out_pos < conn.out.len() {
+        // Output the socket did not take earlier goes first.
+        conn.flush(&qp.dev().keys);
+    }
     let st = qp.state();
-    if matches!(st, QpState::Rtr | QpState::Rts | QpState::Err) {
+    if conn.readable && matches!(st, QpState::Rtr | QpState::Rts | QpState::Err) {
         // Read what is there, handle complete frames.
         loop {
             if conn.in_len == conn.inb.len() {
@@ -895,7 +1017,10 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                     // (edge-triggered) readiness event, so no read just to see WouldBlock.
                     n < room
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    conn.readable = false;
+                    break;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => {
                     conn.dead = true;
@@ -907,6 +1032,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                 break;
             }
             if drained {
+                conn.readable = false;
                 break;
             }
         }
@@ -926,7 +1052,13 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
             fail_at(qp, slow, i, status);
         }
     }
-    conn.flush();
+    if conn.out_pos == conn.out.len() && conn.ack.is_some() && !conn.ack_deferred {
+        // Only an ACK to send: it rides on the next frame out (the response the application
+        // posts after reaping this run's completions), or goes alone on the next run.
+        conn.ack_deferred = true;
+    } else {
+        conn.flush(&qp.dev().keys);
+    }
     let dead = conn.dead;
     let want = conn.go_back.is_some() || conn.output_pending();
     slow.conn = Some(conn);

@@ -79,6 +79,254 @@ fn replacement_connection_keeps_the_sequence() {
     check(&b, &a, &net, 6, 2);
 }
 
+/// Write syscalls `side`'s connection has made.
+fn writes(side: &Side) -> u64 {
+    side.qp.sh.lock().conn.as_ref().map_or(0, |c| c.writes)
+}
+
+#[test]
+fn ack_rides_on_the_next_frame_out() {
+    let (mut a, mut b, net) = connected_pair();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 10,
+        sges: &[b.mr.sge(80, 8)],
+    }])
+    .unwrap();
+    a.qp.post_recv(&[RecvWr {
+        wr_id: 11,
+        sges: &[a.mr.sge(88, 8)],
+    }])
+    .unwrap();
+    let before = writes(&b);
+    a.qp.post_send(&[send_wr(
+        10,
+        SendOp::Send,
+        &[a.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    // b alone polls until the request is delivered: its ACK waits for a frame to ride on.
+    let mut wc = [WorkCompletion::default(); 4];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.cq.poll(&mut wc).unwrap() == 0 {
+        assert!(Instant::now() < deadline, "the request never arrived");
+        std::thread::yield_now();
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (10, WcStatus::Success));
+    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    // The response carries it: one write for both.
+    b.qp.post_send(&[send_wr(
+        11,
+        SendOp::Send,
+        &[b.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(writes(&b), before + 1);
+    let sent = net.wait(&a.cq, 2);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 11);
+}
+
+#[test]
+fn a_pure_ack_goes_alone_on_the_next_poll() {
+    let (mut a, mut b, net) = connected_pair();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 10,
+        sges: &[b.mr.sge(80, 8)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[send_wr(
+        10,
+        SendOp::Send,
+        &[a.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    // Nothing is posted back: a's send still completes (the ACK leaves on a later poll).
+    assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 10);
+    let sent = net.wait(&a.cq, 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (10, WcStatus::Success));
+}
+
+/// Byte `i` of a test pattern that differs per WR (`salt`) and per offset.
+fn pattern(salt: usize, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i * 7 + salt * 13 + i / 251) as u8)
+        .collect()
+}
+
+#[test]
+fn payloads_are_written_from_their_sges() {
+    let o = Opts {
+        mr_len: 64 * 1024,
+        ..Opts::default()
+    };
+    let (mut a, mut b) = pair(SoftFabric::Tcp, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let data = pattern(1, 8000);
+    a.mr.write_at(0, &data).unwrap();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 8192)],
+    }])
+    .unwrap();
+    // A SEND of three spans (one empty, one short) and a WRITE: both direct (>= DIRECT_MIN),
+    // with a short SEND between them that is copied.
+    let spans = [a.mr.sge(0, 3000), a.mr.sge(3000, 0), a.mr.sge(3000, 5000)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 2,
+        sges: &[b.mr.sge(8192, 64)],
+    }])
+    .unwrap();
+    a.qp.post_send(&[
+        send_wr(1, SendOp::Send, &spans, SendFlags::SIGNALED),
+        send_wr(2, SendOp::Send, &[a.mr.sge(100, 10)], SendFlags::SIGNALED),
+        send_wr(
+            3,
+            SendOp::RdmaWrite {
+                remote_addr: b.mr.addr() + 16384,
+                rkey: b.mr.rkey(),
+            },
+            &[a.mr.sge(1000, 7000)],
+            SendFlags::SIGNALED,
+        ),
+    ])
+    .unwrap();
+    let sent = net.wait(&a.cq, 3);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    let got = net.wait(&b.cq, 2);
+    assert_eq!((got[0].wr_id, got[0].byte_len), (1, 8000), "{got:?}");
+    assert_eq!(b.mr.read_vec(0..8000).unwrap(), data);
+    assert_eq!(b.mr.read_vec(8192..8202).unwrap(), data[100..110]);
+    assert_eq!(
+        b.mr.read_vec(16384..16384 + 7000).unwrap(),
+        data[1000..8000]
+    );
+}
+
+/// The vectored write and the copy of what a socket did not take, from every kind of offset:
+/// inside our bytes, at a span's start, inside a span, in the last byte.
+#[test]
+fn parts_are_sent_and_kept_from_any_offset() {
+    use std::io::Read;
+    let (a, _b) = pair(SoftFabric::Tcp, &Opts::default());
+    let data = pattern(3, 4096);
+    a.mr.write_at(0, &data).unwrap();
+    let dev = a.pd.dev().clone();
+    let pd = a.qp.sh.pd();
+    let span = |off: u64, len: u64| {
+        dev.keys
+            .lookup(
+                a.mr.lkey(),
+                false,
+                pd,
+                a.mr.addr() + off,
+                len,
+                Access::empty(),
+            )
+            .unwrap()
+    };
+    let (s1, s2) = (span(100, 1000), span(3000, 1096));
+    let head = [1u8, 2, 3, 4, 5];
+    let mid = [9u8; 7];
+    let parts = [
+        mem::Part::Bytes(&head),
+        mem::Part::Span(&s1),
+        mem::Part::Bytes(&mid),
+        mem::Part::Span(&s2),
+    ];
+    let mut want = head.to_vec();
+    want.extend_from_slice(&data[100..1100]);
+    want.extend_from_slice(&mid);
+    want.extend_from_slice(&data[3000..4096]);
+    for skip in [
+        0,
+        3,
+        5,
+        6,
+        500,
+        1004,
+        1005,
+        1010,
+        1012,
+        1013,
+        2000,
+        want.len() - 1,
+    ] {
+        let mut kept = vec![0xaa];
+        mem::gather_parts(&parts, skip, &mut kept);
+        assert!(kept[1..] == want[skip..], "gather from {skip}");
+        let (tx, mut rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let n = mem::send_parts(tx.as_raw_fd(), &parts, skip).unwrap();
+        assert_eq!(n, want.len() - skip);
+        drop(tx);
+        let mut got = Vec::new();
+        rx.read_to_end(&mut got).unwrap();
+        assert!(got == want[skip..], "send from {skip}");
+    }
+}
+
+#[test]
+fn what_a_full_socket_did_not_take_arrives_intact() {
+    const N: usize = 64;
+    const LEN: usize = 64 * 1024;
+    let o = Opts {
+        mr_len: N * LEN,
+        send_wr: N as u32,
+        ..Opts::default()
+    };
+    let (mut a, b) = pair(SoftFabric::Tcp, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    for i in 0..N {
+        a.mr.write_at(i * LEN, &pattern(i, LEN)).unwrap();
+    }
+    let sges: Vec<Sge> = (0..N).map(|i| a.mr.sge(i * LEN, LEN as u32)).collect();
+    let wrs: Vec<SendWr<'_>> = (0..N)
+        .map(|i| {
+            send_wr(
+                i as u64,
+                SendOp::RdmaWrite {
+                    remote_addr: b.mr.addr() + (i * LEN) as u64,
+                    rkey: b.mr.rkey(),
+                },
+                std::slice::from_ref(&sges[i]),
+                SendFlags::SIGNALED,
+            )
+        })
+        .collect();
+    // Before b reads anything: 4 MiB is more than the loopback socket takes.
+    a.qp.post_send(&wrs).unwrap();
+    {
+        let g = a.qp.sh.lock();
+        let c = g.conn.as_ref().unwrap();
+        assert!(
+            c.out.len() > c.out_pos,
+            "the socket took all: nothing was kept"
+        );
+        assert!(c.refs.is_empty());
+    }
+    // The source changes after the post: what was not written yet was kept as of the post.
+    a.mr.write_at(0, &vec![0xee; N * LEN]).unwrap();
+    let sent = net.wait(&a.cq, N);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    for i in 0..N {
+        assert!(
+            b.mr.read_vec(i * LEN..(i + 1) * LEN).unwrap() == pattern(i, LEN),
+            "WRITE {i} arrived wrong"
+        );
+    }
+}
+
 /// A connection to `dev`'s fabric port that has sent `hello`, as the acceptor holds it.
 fn pending_with(dev: &Arc<DeviceInner>, hello: &Hdr) -> Pending {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
