@@ -24,9 +24,10 @@
 //!   with a per-connection output buffer, flushed on writable readiness.
 //! - Syscalls are per batch, not per frame: a `post_send` list is written with one write at its
 //!   end, a progress run reads until a short read (edge-triggered epoll reports later data) and
-//!   writes once, a responder sends one cumulative ACK per batch of requests it read (riding
-//!   on the next frame out, or alone on the CQ's next poll), runs without a readiness event
-//!   read nothing, and write-space events run nothing unless output waits.
+//!   writes once, a responder sends one cumulative ACK per batch of requests it read, in the
+//!   same run (never held for a later frame: a consumer may stop polling once it reaped what
+//!   it wanted, and the peer must still see its request acknowledged), runs without a
+//!   readiness event read nothing, and write-space events run nothing unless output waits.
 //! - Payloads of 1 KiB or more leave straight from their registered spans (one `sendmsg` over
 //!   the headers and the pinned spans), not gathered into the output buffer first.
 
@@ -481,11 +482,6 @@ pub(crate) struct Conn {
     /// every request up to its sequence), so the requests of one read share one ACK; any other
     /// frame, and every flush, encodes it first, keeping the stream's order.
     ack: Option<u64>,
-    /// The pending ACK already waited one progress run for a frame to ride on (a response
-    /// the application posts after reaping what the run delivered): the next run sends it
-    /// alone. So a pure ACK costs no write of its own when a frame follows, and waits at most
-    /// until the CQ's next poll (RC needs it to come, not to come first).
-    ack_deferred: bool,
     /// Payload spans interleaved with `out` (in order; empty after every flush).
     refs: Vec<OutRef>,
     inb: Vec<u8>,
@@ -520,7 +516,6 @@ impl Conn {
             out: Vec::new(),
             out_pos: 0,
             ack: None,
-            ack_deferred: false,
             refs: Vec::new(),
             inb: vec![0; 64 * 1024],
             in_len: 0,
@@ -633,7 +628,6 @@ impl Conn {
     /// The output buffer, to encode a frame other than an ACK into: the pending ACK goes first.
     fn frame(&mut self) -> &mut Vec<u8> {
         if let Some(seq) = self.ack.take() {
-            self.ack_deferred = false;
             Hdr {
                 ty: T_ACK,
                 seq,
@@ -1052,13 +1046,11 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
             fail_at(qp, slow, i, status);
         }
     }
-    if conn.out_pos == conn.out.len() && conn.ack.is_some() && !conn.ack_deferred {
-        // Only an ACK to send: it rides on the next frame out (the response the application
-        // posts after reaping this run's completions), or goes alone on the next run.
-        conn.ack_deferred = true;
-    } else {
-        conn.flush(&qp.dev().keys);
-    }
+    // The ACK goes out now, even when only an ACK waits: holding it for the response the
+    // application may post next saved a write per I/O, but a consumer that stops polling
+    // after reaping (RC allows it: a NIC acknowledges on its own) left the peer's request
+    // unacknowledged for good.
+    conn.flush(&qp.dev().keys);
     let dead = conn.dead;
     let want = conn.go_back.is_some() || conn.output_pending();
     slow.conn = Some(conn);
