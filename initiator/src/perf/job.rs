@@ -184,7 +184,8 @@ impl<Q: HostQueue> Job<Q> {
             spec,
             ..
         } = self;
-        let n = queue.poll(|c, data| {
+        // Lazy: read data is copied out of the registered region only to be verified.
+        let n = queue.poll_lazy(|c, mut data| {
             let unit = c.token >> 1;
             let carried = match in_flight.iter().position(|&(u, _)| u == unit) {
                 Some(i) => in_flight.swap_remove(i).1,
@@ -197,9 +198,15 @@ impl<Q: HostQueue> Job<Q> {
                     let read = c.kind == IoKind::Read;
                     if read {
                         if spec.verify {
-                            if let Err(m) = verify::check(data, bs, ns.nsid, lba, generations[unit])
-                            {
-                                result.record_mismatch(m);
+                            match data.bytes() {
+                                Ok(data) => {
+                                    if let Err(m) =
+                                        verify::check(data, bs, ns.nsid, lba, generations[unit])
+                                    {
+                                        result.record_mismatch(m);
+                                    }
+                                }
+                                Err(e) => result.record_error(format!("Read LBA {lba} data: {e}")),
                             }
                         }
                     } else if spec.verify {
