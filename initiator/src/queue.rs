@@ -161,6 +161,12 @@ pub trait HostQueue: Send {
         let _ = range;
         Ok(None)
     }
+    /// Puts the commands submitted so far on the wire now instead of at the next poll (the end
+    /// of a submit batch): over a stream fabric a held acknowledgement then rides on them. By
+    /// default nothing waits (the loopback executes at submit).
+    fn flush(&mut self) -> Result<(), QueueError> {
+        Ok(())
+    }
     /// True while the connection is up.
     fn is_connected(&self) -> bool;
     /// Tear the connection down (idempotent). Commands in flight are lost.

@@ -14,7 +14,8 @@
 //!
 //! Time stamps (latency, timeouts): by default each submission reads the clock. A poller that
 //! refills its queue once per pass calls [`IoQueue::begin_batch`] first: the submissions up to
-//! the next poll then share one clock read (taken at the first of them), so a command's
+//! the next poll (or [`IoQueue::end_batch`], which also puts them on the wire at once instead
+//! of at the next poll) then share one clock read (taken at the first of them), so a command's
 //! latency counts from the start of its batch, at most that batch's submit time early. A poll
 //! that reaps completions reads the clock once for all of them and its timeout check, so a
 //! completion counts until the poll that reaped it started delivering; a poll that finds
@@ -231,6 +232,24 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// once per pass; the next poll closes the batch.
     pub fn begin_batch(&mut self) {
         self.stamp = Stamp::Batch(None);
+    }
+
+    /// Close a submit batch: what it submitted goes on the wire now ([`HostQueue::flush`])
+    /// instead of at the next poll, and submissions read the clock each again. A loss found
+    /// here fails the commands in flight at the next poll.
+    pub fn end_batch(&mut self) {
+        // `Batch(None)`: nothing was submitted, nothing waits.
+        let submitted = matches!(self.stamp, Stamp::Batch(Some(_)));
+        self.stamp = Stamp::EachCommand;
+        if submitted && self.lost.is_none() {
+            if let Err(e) = self.queue.flush() {
+                let why = match e {
+                    crate::queue::QueueError::Disconnected(why) => why,
+                    other => other.to_string(),
+                };
+                self.connection_lost(why);
+            }
+        }
     }
 
     /// The time stamp of a submission.

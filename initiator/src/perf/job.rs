@@ -169,6 +169,8 @@ impl<Q: HostQueue> Job<Q> {
             // One clock read for the whole refill (the latency resolution is one pass).
             self.queue.begin_batch();
             self.submit_some();
+            // On the wire now, not at the poll below (a held TCP ACK rides on it).
+            self.queue.end_batch();
         }
         let (before_ios, before_bytes) =
             (self.result.reads + self.result.writes, self.result.bytes);

@@ -4,7 +4,8 @@
 //!
 //! Life of a command: `submit` takes a request object (`PollGroup::submit`), writes the SQE
 //! into its 64-byte buffer, posts the SEND (any in-capsule data as a second SGE over the
-//! region), and files the request under its CID. A response is routed by the group to this
+//! region), and files the request under its CID. The SEND goes on the wire at the end of the
+//! group's next poll, or at once on `flush` (the end of a submit batch). A response is routed by the group to this
 //! queue's side, matched by CID and handed to the group (`response_received`); the group
 //! calls `request_complete` once the SEND completed too, and only then is the CQE queued for
 //! `poll`. A qpair that drains (peer disconnect, error, flush) makes this queue lost, and only
@@ -464,6 +465,23 @@ impl HostQueue for RdmaQueue {
             .read_at(range.start, host)
             .map_err(|e| QueueError::Invalid(format!("copy from the registered region: {e}")))
     }
+    fn flush(&mut self) -> Result<(), QueueError> {
+        self.check()?;
+        let lost = {
+            let mut g = lock(&self.group);
+            let HostGroup { pg, router, .. } = &mut *g;
+            pg.post_waiting(router);
+            match router.side(self.token) {
+                Some(side) => side.lost.clone(),
+                None => Some("left the poll group".into()),
+            }
+        };
+        match lost {
+            Some(why) => self.lose(why),
+            None => Ok(()),
+        }
+    }
+
     fn bind_window(&mut self, range: Range<usize>) -> Result<Option<(u64, u32)>, QueueError> {
         self.check()?;
         if range.start > range.end || range.end > self.host.len() {
