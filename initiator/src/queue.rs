@@ -134,8 +134,24 @@ pub trait HostQueue: Send {
     /// Send a command capsule: `sqe` (SGL1 already filled in) followed by `region[in_capsule]`
     /// as in-capsule data when given.
     fn submit(&mut self, sqe: &Sqe, in_capsule: Option<Range<usize>>) -> Result<(), QueueError>;
-    /// Reap finished commands into `out`; returns how many were written.
+    /// Reap finished commands into `out`; returns how many were written. The host view of
+    /// each one's data range holds what the target wrote there.
     fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError>;
+    /// As [`HostQueue::poll`], but the data the target wrote for a finished command may stay
+    /// in the registered region until [`HostQueue::fetch`] brings it into the host view: a
+    /// consumer that never reads the data pays no copy. The caller must fetch a range before
+    /// anything it submits can reuse that range (the next command's data lands there); by
+    /// default the same as `poll`.
+    fn poll_lazy(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {
+        self.poll(out)
+    }
+    /// Makes the host view of `range` hold what the target wrote there, for a command reaped
+    /// by [`HostQueue::poll_lazy`] whose range nothing has reused since. A no-op where the
+    /// host view is the memory the target writes (the loopback).
+    fn fetch(&mut self, range: Range<usize>) -> Result<(), QueueError> {
+        let _ = range;
+        Ok(())
+    }
     /// Per-command remote access (memory windows): expose only `range` of the region under a
     /// fresh key for one command, which the target invalidates with SEND_WITH_INVALIDATE (or
     /// the host locally) when the command completes, so no long-lived key exposes host memory.
@@ -144,6 +160,12 @@ pub trait HostQueue: Send {
     fn bind_window(&mut self, range: Range<usize>) -> Result<Option<(u64, u32)>, QueueError> {
         let _ = range;
         Ok(None)
+    }
+    /// Puts the commands submitted so far on the wire now instead of at the next poll (the end
+    /// of a submit batch): over a stream fabric a held acknowledgement then rides on them. By
+    /// default nothing waits (the loopback executes at submit).
+    fn flush(&mut self) -> Result<(), QueueError> {
+        Ok(())
     }
     /// True while the connection is up.
     fn is_connected(&self) -> bool;

@@ -8,9 +8,14 @@
 //! at the next poll; nothing waits forever. A completion whose CID (with its generation)
 //! matches nothing in flight is counted as stale and dropped.
 //!
+//! Read data: [`IoQueue::poll`] hands each read's data as bytes; [`IoQueue::poll_lazy`] hands
+//! a [`ReadData`] that copies them out of the queue's registered region only when asked
+//! (`read_data.rs` says why that is never stale or another command's).
+//!
 //! Time stamps (latency, timeouts): by default each submission reads the clock. A poller that
 //! refills its queue once per pass calls [`IoQueue::begin_batch`] first: the submissions up to
-//! the next poll then share one clock read (taken at the first of them), so a command's
+//! the next poll (or [`IoQueue::end_batch`], which also puts them on the wire at once instead
+//! of at the next poll) then share one clock read (taken at the first of them), so a command's
 //! latency counts from the start of its batch, at most that batch's submit time early. A poll
 //! that reaps completions reads the clock once for all of them and its timeout check, so a
 //! completion counts until the poll that reaped it started delivering; a poll that finds
@@ -31,6 +36,9 @@ use crate::cid::{CidLookup, CidTable};
 use crate::clock::SharedClock;
 use crate::error::{Error, Result};
 use crate::queue::HostQueue;
+
+mod read_data;
+pub use read_data::ReadData;
 
 /// Kinds of I/O command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -224,6 +232,24 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// once per pass; the next poll closes the batch.
     pub fn begin_batch(&mut self) {
         self.stamp = Stamp::Batch(None);
+    }
+
+    /// Close a submit batch: what it submitted goes on the wire now ([`HostQueue::flush`])
+    /// instead of at the next poll, and submissions read the clock each again. A loss found
+    /// here fails the commands in flight at the next poll.
+    pub fn end_batch(&mut self) {
+        // `Batch(None)`: nothing was submitted, nothing waits.
+        let submitted = matches!(self.stamp, Stamp::Batch(Some(_)));
+        self.stamp = Stamp::EachCommand;
+        if submitted && self.lost.is_none() {
+            if let Err(e) = self.queue.flush() {
+                let why = match e {
+                    crate::queue::QueueError::Disconnected(why) => why,
+                    other => other.to_string(),
+                };
+                self.connection_lost(why);
+            }
+        }
     }
 
     /// The time stamp of a submission.
@@ -518,18 +544,49 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// Reap completions; `on_complete` gets each with, for reads, the data read. Returns how
     /// many were delivered. Connection loss is delivered as failed completions, not an error.
     pub fn poll(&mut self, mut on_complete: impl FnMut(IoCompletion, &[u8])) -> usize {
+        self.reap(false, |c, mut data| match data.bytes() {
+            Ok(bytes) => on_complete(c, bytes),
+            // Not reached: polled eagerly, the data is in the host view already.
+            Err(e) => on_complete(
+                IoCompletion {
+                    result: Err(e),
+                    ..c
+                },
+                &[],
+            ),
+        })
+    }
+
+    /// As [`IoQueue::poll`], but a read's data is copied out of the registered region only
+    /// when the callback asks for it ([`ReadData::bytes`]): for a consumer that mostly does
+    /// not look at what it read.
+    pub fn poll_lazy(&mut self, on_complete: impl FnMut(IoCompletion, ReadData<'_, Q>)) -> usize {
+        self.reap(true, on_complete)
+    }
+
+    /// `lazy`: the queue leaves read data in its registered region until fetched.
+    fn reap(
+        &mut self,
+        lazy: bool,
+        mut on_complete: impl FnMut(IoCompletion, ReadData<'_, Q>),
+    ) -> usize {
         let mut delivered = 0;
         self.stamp = Stamp::EachCommand;
         if self.lost.is_none() {
             let mut cqes = [Cqe::success(0, 0, 0, 0); 32];
             // One clock read for the whole poll, and only when something needs it.
             let mut now = None;
-            match self.queue.poll(&mut cqes) {
+            let polled = if lazy {
+                self.queue.poll_lazy(&mut cqes)
+            } else {
+                self.queue.poll(&mut cqes)
+            };
+            match polled {
                 Ok(n) => {
                     if n > 0 {
                         let now = *now.insert(self.clock.now());
                         for cqe in &cqes[..n] {
-                            delivered += self.complete_one(cqe, now, &mut on_complete);
+                            delivered += self.complete_one(cqe, now, !lazy, &mut on_complete);
                         }
                     }
                 }
@@ -553,7 +610,7 @@ impl<Q: HostQueue> IoQueue<Q> {
         }
         for c in self.undelivered.drain(..) {
             self.stats.completed += 1;
-            on_complete(c, &[]);
+            on_complete(c, ReadData::new(&mut self.queue, 0..0, true));
             delivered += 1;
         }
         delivered
@@ -563,7 +620,8 @@ impl<Q: HostQueue> IoQueue<Q> {
         &mut self,
         cqe: &Cqe,
         now: Instant,
-        on_complete: &mut impl FnMut(IoCompletion, &[u8]),
+        fetched: bool,
+        on_complete: &mut impl FnMut(IoCompletion, ReadData<'_, Q>),
     ) -> usize {
         let CidLookup::Completed { index, payload } = self.cids.complete(cqe.cid) else {
             self.stats.stale_completions += 1;
@@ -596,7 +654,7 @@ impl<Q: HostQueue> IoQueue<Q> {
                 result,
                 latency: now.saturating_duration_since(payload.submitted),
             },
-            &self.queue.region_bytes()[range],
+            ReadData::new(&mut self.queue, range, fetched),
         );
         1
     }

@@ -69,6 +69,43 @@ fn write_then_read_with_tokens_in_capsule_and_keyed() {
 }
 
 #[test]
+fn lazy_poll_hands_read_data_on_demand_and_nothing_for_other_commands() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    q.submit_write(&ns, 0, 8, 1, |s| s.fill(0x3c)).unwrap();
+    q.submit_read(&ns, 0, 8, 2).unwrap();
+    target.fail_next_io(Status::generic(GenericStatus::LbaOutOfRange).with_dnr());
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        q.poll_lazy(|c, mut data| {
+            let bytes = data.bytes().unwrap().to_vec();
+            seen.push((c.token, c.result.is_ok(), data.len(), bytes));
+        });
+        if seen.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![(1, true, 0, vec![]), (2, true, 4096, vec![0x3c; 4096])]
+    );
+    q.submit_read(&ns, 0, 8, 3).unwrap();
+    let mut failed = Vec::new();
+    for _ in 0..100 {
+        q.poll_lazy(|c, data| failed.push((c.token, c.result.is_err(), data.is_empty())));
+        if !failed.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(
+        failed,
+        vec![(3, true, true)],
+        "a failed read brings no data"
+    );
+}
+
+#[test]
 fn compare_write_zeroes_deallocate_and_flush() {
     let (target, mut c, _) = setup();
     let ns = c.namespace(1).unwrap().target();

@@ -169,6 +169,8 @@ impl<Q: HostQueue> Job<Q> {
             // One clock read for the whole refill (the latency resolution is one pass).
             self.queue.begin_batch();
             self.submit_some();
+            // On the wire now, not at the poll below (a held TCP ACK rides on it).
+            self.queue.end_batch();
         }
         let (before_ios, before_bytes) =
             (self.result.reads + self.result.writes, self.result.bytes);
@@ -184,7 +186,8 @@ impl<Q: HostQueue> Job<Q> {
             spec,
             ..
         } = self;
-        let n = queue.poll(|c, data| {
+        // Lazy: read data is copied out of the registered region only to be verified.
+        let n = queue.poll_lazy(|c, mut data| {
             let unit = c.token >> 1;
             let carried = match in_flight.iter().position(|&(u, _)| u == unit) {
                 Some(i) => in_flight.swap_remove(i).1,
@@ -197,9 +200,15 @@ impl<Q: HostQueue> Job<Q> {
                     let read = c.kind == IoKind::Read;
                     if read {
                         if spec.verify {
-                            if let Err(m) = verify::check(data, bs, ns.nsid, lba, generations[unit])
-                            {
-                                result.record_mismatch(m);
+                            match data.bytes() {
+                                Ok(data) => {
+                                    if let Err(m) =
+                                        verify::check(data, bs, ns.nsid, lba, generations[unit])
+                                    {
+                                        result.record_mismatch(m);
+                                    }
+                                }
+                                Err(e) => result.record_error(format!("Read LBA {lba} data: {e}")),
                             }
                         }
                     } else if spec.verify {

@@ -4,7 +4,8 @@
 //!
 //! Life of a command: `submit` takes a request object (`PollGroup::submit`), writes the SQE
 //! into its 64-byte buffer, posts the SEND (any in-capsule data as a second SGE over the
-//! region), and files the request under its CID. A response is routed by the group to this
+//! region), and files the request under its CID. The SEND goes on the wire at the end of the
+//! group's next poll, or at once on `flush` (the end of a submit batch). A response is routed by the group to this
 //! queue's side, matched by CID and handed to the group (`response_received`); the group
 //! calls `request_complete` once the SEND completed too, and only then is the CQE queued for
 //! `poll`. A qpair that drains (peer disconnect, error, flush) makes this queue lost, and only
@@ -18,11 +19,15 @@
 //! Host memory: the initiator works on a plain host copy of the region (`host`); the
 //! registered region (`mr`) is what the target reads and writes. A command naming a range of
 //! the region by keyed SGL copies that range host -> registered at submit and registered ->
-//! host when its CQE is taken (`Mr::write_at` / `read_at`: race-free copies, no `unsafe`).
-//! The target touches only the ranges of commands in flight, and the initiator leaves those
-//! alone until their CQE, so both copies agree. A borrow of the registered memory itself would
-//! let safe code alias bytes the peer writes concurrently; the copy is the price of keeping
-//! this crate free of `unsafe`.
+//! host when its CQE is taken by `poll`, or, after `poll_lazy`, when the consumer `fetch`es
+//! it (`Mr::write_at` / `read_at`: race-free copies, no `unsafe`). The target touches only the
+//! ranges of commands in flight, and the initiator leaves those alone until their CQE; a CQE
+//! comes only once the target is done with the range, and the range is not reused before the
+//! consumer fetched it (the `poll_lazy` contract, kept by `IoQueue`'s borrow-scoped
+//! `ReadData`), so a copy, eager or late, reads exactly that command's data. A borrow of the
+//! registered memory itself would let safe code alias bytes the peer writes concurrently; the
+//! copy is the price of keeping this crate free of `unsafe`, and skipping it is what a
+//! consumer that never reads the data (nvmf-perf without --verify) gains from `poll_lazy`.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -128,8 +133,9 @@ impl RdmaQueue {
     }
 
     /// Polls under the group's lock, through disjoint borrows of the queue's fields (no `Arc`
-    /// clone per poll). Err: the queue is lost, for that reason.
-    fn poll_locked(&mut self, out: &mut [Cqe]) -> Result<usize, String> {
+    /// clone per poll). `copy`: bring each finished read's data into the host view (else
+    /// the consumer `fetch`es what it reads). Err: the queue is lost, for that reason.
+    fn poll_locked(&mut self, out: &mut [Cqe], copy: bool) -> Result<usize, String> {
         let RdmaQueue {
             group,
             token,
@@ -176,7 +182,7 @@ impl RdmaQueue {
                 break;
             };
             *slot = cqe;
-            if let Some(range) = data {
+            if let Some(range) = data.filter(|_| copy) {
                 if let Err(e) = mr.read_at(range.start, &mut host[range]) {
                     side.lose(format!("copy from the registered region: {e}"));
                     return Err(side.lost.clone().unwrap_or_default());
@@ -437,9 +443,45 @@ impl HostQueue for RdmaQueue {
 
     fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {
         self.check()?;
-        let polled = self.poll_locked(out);
+        let polled = self.poll_locked(out, true);
         polled.or_else(|why| self.lose(why).map(|()| 0))
     }
+
+    fn poll_lazy(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {
+        self.check()?;
+        let polled = self.poll_locked(out, false);
+        polled.or_else(|why| self.lose(why).map(|()| 0))
+    }
+
+    fn fetch(&mut self, range: Range<usize>) -> Result<(), QueueError> {
+        // No loss check: a reported CQE means the data landed, and the region outlives the
+        // connection.
+        let Some(host) = self.host.get_mut(range.clone()) else {
+            return Err(QueueError::Invalid(format!(
+                "fetch {range:?} outside the region"
+            )));
+        };
+        self.mr
+            .read_at(range.start, host)
+            .map_err(|e| QueueError::Invalid(format!("copy from the registered region: {e}")))
+    }
+    fn flush(&mut self) -> Result<(), QueueError> {
+        self.check()?;
+        let lost = {
+            let mut g = lock(&self.group);
+            let HostGroup { pg, router, .. } = &mut *g;
+            pg.post_waiting(router);
+            match router.side(self.token) {
+                Some(side) => side.lost.clone(),
+                None => Some("left the poll group".into()),
+            }
+        };
+        match lost {
+            Some(why) => self.lose(why),
+            None => Ok(()),
+        }
+    }
+
     fn bind_window(&mut self, range: Range<usize>) -> Result<Option<(u64, u32)>, QueueError> {
         self.check()?;
         if range.start > range.end || range.end > self.host.len() {

@@ -3,7 +3,7 @@
 //! group's [`super::group::Router`] hands each poll-group callback to the `Side` of the qpair
 //! it concerns; a `Side` never sees another queue's completions. The queue's registered region
 //! stays with the queue ([`super::RdmaQueue`]), which copies a finished read's data when it
-//! takes the CQE.
+//! takes the CQE (or, polled lazily, when the consumer fetches it).
 
 use std::collections::VecDeque;
 use std::ops::Range;

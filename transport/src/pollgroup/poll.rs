@@ -331,6 +331,22 @@ impl<R: Default> PollGroup<R> {
         }
     }
 
+    /// Posts the chains waiting for their qpairs now, as the end of `poll` does, without
+    /// reaping the CQ: for a submitter whose batch should leave at once, not at its next poll
+    /// (over a stream fabric a held acknowledgement then rides on it). A failed group posts
+    /// nothing.
+    pub fn post_waiting<H: Handler<R>>(&mut self, h: &mut H) {
+        if self.failed.is_some() {
+            return;
+        }
+        if !self.dirty.is_empty() {
+            self.flush_sends(h);
+        }
+        if !self.completed.is_empty() {
+            self.report_completed(h);
+        }
+    }
+
     /// Posts each dirty qpair's waiting chains, in order, while they fit.
     fn flush_sends<H: Handler<R>>(&mut self, h: &mut H) {
         // Handlers called from here may dirty qpairs again: pop until none is left.

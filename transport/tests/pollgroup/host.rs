@@ -1,6 +1,7 @@
 //! The host personality against the target one, both poll groups on one device: the host's
 //! qpairs use their own receive queues, requests are born by `submit`, and a request completes
-//! only when both its SEND completion and its response are in.
+//! only when both its SEND completion and its response are in; `post_waiting` puts a submit
+//! batch on the wire without a poll.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -93,6 +94,16 @@ pub fn host_group_round_trips(flavor: Flavor) {
             i.by_seq.insert(seq, req);
         }
         assert!(host.submit(handle).is_err(), "depth {depth} reached");
+        if round % 2 == 1 {
+            // The batch leaves at once, without a poll of the host's CQ; else at its next poll.
+            let (posted, polls) = (host.stats().send_post_calls, host.stats().polls);
+            host.post_waiting(&mut i);
+            assert!(
+                host.stats().send_post_calls > posted,
+                "post_waiting posted nothing"
+            );
+            assert_eq!(host.stats().polls, polls, "post_waiting polled the CQ");
+        }
         let want = ((round + 1) * depth) as usize;
         let deadline = Instant::now() + patience();
         while i.completed.len() < want || target.requests_in_use() > 0 {
