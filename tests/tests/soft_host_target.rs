@@ -71,6 +71,50 @@ fn serve(runtime: &Runtime, target: &Arc<Target>, ctx: &Context, addr: SocketAdd
     .expect("RDMA transport")
 }
 
+/// A target serving `config(ip)` over an in-process soft device, on its own reactors.
+struct Served {
+    target: Arc<Target>,
+    runtime: Runtime,
+    ctx: Context,
+    addr: SocketAddr,
+    transport: Transport,
+}
+
+fn serve_in_process(ip: Ipv4Addr, cores: Vec<usize>, device: &str) -> Served {
+    let target = Arc::new(Target::from_config(&config(ip)).expect("target"));
+    let runtime = Runtime::start(RuntimeConfig {
+        cores,
+        pin: false,
+        ..RuntimeConfig::default()
+    })
+    .expect("target reactors");
+    let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+        name: format!("{device}{}", std::process::id()),
+        fabric: SoftFabric::InProcess,
+        ip,
+        ..SoftConfig::default()
+    }))
+    .expect("soft device");
+    let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
+    let transport = serve(&runtime, &target, &ctx, addr);
+    Served {
+        target,
+        runtime,
+        ctx,
+        addr,
+        transport,
+    }
+}
+
+/// Controller options for host number `id` (its own host NQN and host ID).
+fn host_options(id: u8) -> ControllerOptions {
+    ControllerOptions::new(
+        NQN,
+        format!("nqn.2014-08.org.nvmexpress:uuid:07070707-0707-0707-0707-07070707070{id}"),
+        [id; 16],
+    )
+}
+
 #[test]
 fn in_process_fabric_moves_verified_data() {
     host_and_target_move_verified_data(
@@ -199,27 +243,14 @@ fn host_and_target_move_verified_data(
 #[test]
 fn the_host_reconnects_after_the_target_restarts_and_reads_its_data() {
     let ip = Ipv4Addr::new(127, 0, 9, 4);
-    let target = Arc::new(Target::from_config(&config(ip)).expect("target"));
-    let runtime = Runtime::start(RuntimeConfig {
-        cores: vec![0, 1],
-        pin: false,
-        ..RuntimeConfig::default()
-    })
-    .expect("target reactors");
-    let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
-        name: format!("e2e-restart{}", std::process::id()),
-        fabric: SoftFabric::InProcess,
-        ip,
-        ..SoftConfig::default()
-    }))
-    .expect("soft device");
-    let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
-    let transport = serve(&runtime, &target, &ctx, addr);
-    let mut options = ControllerOptions::new(
-        NQN,
-        "nqn.2014-08.org.nvmexpress:uuid:07070707-0707-0707-0707-070707070708",
-        [8; 16],
-    );
+    let Served {
+        target,
+        runtime,
+        ctx,
+        addr,
+        transport,
+    } = serve_in_process(ip, vec![0, 1], "e2e-restart");
+    let mut options = host_options(8);
     options.reconnect = ReconnectPolicy {
         reconnect_delay: Duration::from_millis(200),
         ctrl_loss_timeout: Some(Duration::from_secs(30)),
@@ -275,27 +306,15 @@ fn per_io_keys_over_the_tcp_fabric_move_verified_data() {
 #[test]
 fn lazy_reads_hand_each_read_its_own_data() {
     let ip = Ipv4Addr::new(127, 0, 9, 7);
-    let target = Arc::new(Target::from_config(&config(ip)).expect("target"));
-    let runtime = Runtime::start(RuntimeConfig {
-        cores: vec![0],
-        pin: false,
-        ..RuntimeConfig::default()
-    })
-    .expect("target reactors");
-    let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
-        name: format!("e2e-lazy{}", std::process::id()),
-        fabric: SoftFabric::InProcess,
-        ip,
-        ..SoftConfig::default()
-    }))
-    .expect("soft device");
-    let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
-    let transport = serve(&runtime, &target, &ctx, addr);
-    let mut options = ControllerOptions::new(
-        NQN,
-        "nqn.2014-08.org.nvmexpress:uuid:07070707-0707-0707-0707-070707070709",
-        [9; 16],
-    );
+    // Bound to names so the target and its device live to the end of the test.
+    let Served {
+        target: _target,
+        runtime,
+        ctx: _ctx,
+        addr: _addr,
+        transport,
+    } = serve_in_process(ip, vec![0], "e2e-lazy");
+    let mut options = host_options(9);
     options.io_queues = 1;
     options.io_queue_depth = 3;
     options.reconnect = ReconnectPolicy::never();

@@ -244,21 +244,9 @@ impl RecvSlots {
             }
             // Only the entries used are written (a chunk is usually one or two slots).
             let slots = &self.repost[at..end];
-            let sges: ArrayVec<Sge, POST_CHUNK> = slots
-                .iter()
-                .map(|&slot| {
-                    self.mr
-                        .sge(slot as usize * self.slot_size as usize, self.slot_size)
-                })
-                .collect();
-            let wrs: ArrayVec<RecvWr<'_>, POST_CHUNK> = slots
-                .iter()
-                .zip(&sges)
-                .map(|(&slot, sge)| RecvWr {
-                    wr_id: wrid::recv(slot),
-                    sges: std::slice::from_ref(sge),
-                })
-                .collect();
+            let sges: ArrayVec<Sge, POST_CHUNK> =
+                slots.iter().map(|&slot| self.sge(slot)).collect();
+            let wrs = recv_wrs(slots, &sges);
             calls += 1;
             let done = match post(owner, &wrs) {
                 Ok(()) => end - at,
@@ -289,14 +277,7 @@ impl RecvSlots {
             let slots = &self.repost[start..];
             let sges: ArrayVec<Sge, POST_CHUNK> =
                 slots.iter().map(|&slot| self.sge(slot)).collect();
-            let wrs: ArrayVec<RecvWr<'_>, POST_CHUNK> = slots
-                .iter()
-                .zip(&sges)
-                .map(|(&slot, sge)| RecvWr {
-                    wr_id: wrid::recv(slot),
-                    sges: std::slice::from_ref(sge),
-                })
-                .collect();
+            let wrs = recv_wrs(slots, &sges);
             let result = srq.post_recv(&wrs);
             calls += 1;
             let done = match &result {
@@ -313,4 +294,16 @@ impl RecvSlots {
         }
         Ok(calls)
     }
+}
+
+/// The receive work requests of `slots`, one SGE each (`sges[i]` is slot `i`'s).
+fn recv_wrs<'a>(slots: &[u32], sges: &'a [Sge]) -> ArrayVec<RecvWr<'a>, POST_CHUNK> {
+    slots
+        .iter()
+        .zip(sges)
+        .map(|(&slot, sge)| RecvWr {
+            wr_id: wrid::recv(slot),
+            sges: std::slice::from_ref(sge),
+        })
+        .collect()
 }
