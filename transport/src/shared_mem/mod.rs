@@ -442,7 +442,7 @@ mod tests {
         }
 
         #[test]
-        fn copy_between_regions_active(
+        fn copy_between_regions_every_engine(
             (a, from, _, n) in spans(),
             b_extra in proptest::collection::vec(any::<u8>(), 0..100),
             to_pick in any::<prop::sample::Index>(),
@@ -451,17 +451,6 @@ mod tests {
             let b: Vec<u8> = b_extra.iter().copied().chain(std::iter::repeat_n(7, n)).collect();
             let to = to_pick.index(b.len() - n + 1);
             cross_copy_matches_slice_model::<Active>(&a, &b, shifts, from, to, n);
-        }
-
-        #[test]
-        fn copy_between_regions_portable(
-            (a, from, _, n) in spans(),
-            b_extra in proptest::collection::vec(any::<u8>(), 0..100),
-            to_pick in any::<prop::sample::Index>(),
-            shifts in (0..WORD, 0..WORD),
-        ) {
-            let b: Vec<u8> = b_extra.iter().copied().chain(std::iter::repeat_n(7, n)).collect();
-            let to = to_pick.index(b.len() - n + 1);
             cross_copy_matches_slice_model::<portable::Words>(&a, &b, shifts, from, to, n);
         }
     }
