@@ -18,6 +18,24 @@ use super::{SUBNQN, connect, enable, pattern, rw};
 /// Kills the daemon if the test fails before stopping it (no orphan process).
 struct Daemon(std::process::Child);
 
+impl Daemon {
+    /// Starts nvmf-tgt on `config` and waits until every address in `listening` accepts.
+    fn start(config: &std::path::Path, stderr: Stdio, listening: &[SocketAddr]) -> Daemon {
+        let daemon = Daemon(
+            Command::new(env!("CARGO_BIN_EXE_nvmf-tgt"))
+                .arg("--config")
+                .arg(config)
+                .stderr(stderr)
+                .spawn()
+                .unwrap(),
+        );
+        for &addr in listening {
+            wait_until("the daemon listening", || TcpStream::connect(addr).is_ok());
+        }
+        daemon
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         if self.0.try_wait().ok().flatten().is_none() {
@@ -52,16 +70,8 @@ fn nvmf_tgt_serves_read_write_over_tcp() {
         ),
     )
     .unwrap();
-    let mut daemon = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_nvmf-tgt"))
-            .arg("--config")
-            .arg(&config)
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut daemon = Daemon::start(&config, Stdio::piped(), &[addr]);
     let child = &mut daemon.0;
-    wait_until("the daemon listening", || TcpStream::connect(addr).is_ok());
     // The host's own soft device (TCP fabric) on another loopback address.
     let _host_device = Context::open(&DeviceSpec::Soft(SoftConfig {
         name: format!("e2e-host{}", std::process::id()),
@@ -141,16 +151,7 @@ fn start_file_daemon(dir: &std::path::Path, image: &std::path::Path) -> (Daemon,
         ),
     )
     .unwrap();
-    let daemon = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_nvmf-tgt"))
-            .arg("--config")
-            .arg(&config)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_until("the daemon listening", || TcpStream::connect(addr).is_ok());
-    (daemon, addr)
+    (Daemon::start(&config, Stdio::null(), &[addr]), addr)
 }
 
 /// SIGTERM, and the daemon's exit status.
@@ -259,16 +260,7 @@ fn stats_file_shows_qpairs_and_receive_slots_of_every_group() {
         ),
     )
     .unwrap();
-    let daemon = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_nvmf-tgt"))
-            .arg("--config")
-            .arg(&config)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_until("the daemon listening", || TcpStream::connect(addr).is_ok());
-    wait_until("the daemon listening", || TcpStream::connect(other).is_ok());
+    let daemon = Daemon::start(&config, Stdio::null(), &[addr, other]);
     let _host_device = Context::open(&DeviceSpec::Soft(SoftConfig {
         name: format!("stats-host{}", std::process::id()),
         fabric: SoftFabric::Tcp,

@@ -286,29 +286,8 @@ impl HostQueue {
     /// Sends `sqe` with a receive of its own for the answer (slot `n % 16` of the response
     /// area): several commands may be outstanding; [`HostQueue::collect`] gathers answers in
     /// any order. Returns the CID given.
-    pub fn send_tracked(&mut self, mut sqe: Sqe) -> u16 {
-        sqe.cid = self.next_cid;
-        self.next_cid = self.next_cid.wrapping_add(1);
-        let slot = self.tracked % 16;
-        self.tracked = self.tracked.wrapping_add(1);
-        let at = CAPSULE_AT + slot * 128;
-        self.mr.write_at(at, &sqe.to_bytes()).unwrap();
-        let recv = self.mr.sge(RESPONSE_AT + slot * 16, 16);
-        self.qp
-            .post_recv(&[RecvWr {
-                wr_id: 100 + slot as u64,
-                sges: &[recv],
-            }])
-            .unwrap();
-        self.qp
-            .post_send(&[SendWr {
-                wr_id: 300,
-                op: SendOp::Send,
-                sges: &[self.mr.sge(at, 64)],
-                flags: SendFlags::SIGNALED,
-            }])
-            .unwrap();
-        sqe.cid
+    pub fn send_tracked(&mut self, sqe: Sqe) -> u16 {
+        self.send_tracked_with(sqe, &[])
     }
 
     /// As [`HostQueue::send_tracked`], with up to 960 bytes of `in_capsule` data after the SQE
