@@ -25,15 +25,64 @@ use crate::target::InProcessTarget;
 const TARGET_POLLER: &str = "*GroupPoller*as nvmf_poller::poller::Poller>::poll";
 const HOST_POLLER: &str = "*JobPoller as nvmf_poller::poller::Poller>::poll";
 
+/// The qpairs of a profiled run: `connected` I/O queues, jobs of depth `depth` on the first
+/// `active` of them (the rest connected and idle), as in the many-qpairs figure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Queue depth of each job.
+    pub depth: usize,
+    /// I/O queues connected.
+    pub connected: usize,
+    /// Queues carrying a job.
+    pub active: usize,
+}
+
+impl Shape {
+    /// Command-line arguments of `cost-run` for this shape.
+    fn args(&self) -> [String; 6] {
+        [
+            "--depth".into(),
+            self.depth.to_string(),
+            "--qpairs".into(),
+            self.connected.to_string(),
+            "--active".into(),
+            self.active.to_string(),
+        ]
+    }
+
+    /// "QD 32", or "128 x QD 1 of 1008 qpairs".
+    fn label(&self) -> String {
+        if self.connected <= 1 {
+            format!("QD {}", self.depth)
+        } else {
+            format!(
+                "{} x QD {} of {} qpairs",
+                self.active.min(self.connected),
+                self.depth,
+                self.connected
+            )
+        }
+    }
+}
+
 /// The profiled workload; returns the I/O completed.
-pub fn run(ios: u64, depth: usize, workload: &str, core: usize) -> Result<u64> {
+pub fn run(ios: u64, shape: Shape, workload: &str, core: usize) -> Result<u64> {
+    let Shape {
+        depth,
+        connected,
+        active,
+    } = shape;
+    let connected = connected.max(1);
     let pattern = workload
         .parse()
         .map_err(|e| anyhow::anyhow!("workload '{workload}': {e}"))?;
     let target = InProcessTarget::start(core, false, None)?;
-    let fabric = RdmaFabric::new("soft", None).context("in-process fabric")?;
+    let controllers_used = connected.div_ceil(host::QUEUES_PER_CONTROLLER);
+    let fabric = RdmaFabric::new("soft", None)
+        .context("in-process fabric")?
+        .group_config(host::group_config(connected, controllers_used, depth));
     let address = host::address("soft", target.addr);
-    let mut controllers = host::connect(&fabric, &address, 1, depth as u16)?;
+    let mut controllers = host::connect(&fabric, &address, connected, depth as u16)?;
     let spec = JobSpec {
         pattern,
         mix: 50,
@@ -41,7 +90,7 @@ pub fn run(ios: u64, depth: usize, workload: &str, core: usize) -> Result<u64> {
         depth,
         verify: false,
     };
-    let run = host::Run::new(&mut controllers, 1, spec, Some(ios))?;
+    let run = host::Run::new(&mut controllers, active.max(1), spec, Some(ios))?;
     let (report, queues) = run.drive(
         &target.runtime().reactors()[0],
         &mut controllers,
@@ -143,10 +192,13 @@ fn callgrind(
     side: &str,
     pattern: &str,
     ios: u64,
-    depth: usize,
+    shape: Shape,
     workload: &str,
 ) -> Result<(u64, std::path::PathBuf)> {
-    let file = out_dir.join(format!("{side}-{workload}-qd{depth}-{ios}.out"));
+    let file = out_dir.join(format!(
+        "{side}-{workload}-qd{}-q{}-a{}-{ios}.out",
+        shape.depth, shape.connected, shape.active
+    ));
     let exe = std::env::current_exe().context("locating nvmf-bench")?;
     let out = Command::new("valgrind")
         .arg("--tool=callgrind")
@@ -154,7 +206,8 @@ fn callgrind(
         .arg(format!("--toggle-collect={pattern}"))
         .arg(exe)
         .args(["cost-run", "--ios", &ios.to_string()])
-        .args(["--depth", &depth.to_string(), "--workload", workload])
+        .args(shape.args())
+        .args(["--workload", workload])
         .output()
         .context("running valgrind (Debian package valgrind)")?;
     if !out.status.success() {
@@ -174,7 +227,7 @@ fn callgrind(
 /// The profile section: instructions per I/O per side, and the top functions.
 pub fn profile(
     ios: u64,
-    depth: usize,
+    shape: Shape,
     workload: &str,
     top: usize,
     out_dir: &Path,
@@ -183,14 +236,14 @@ pub fn profile(
     let mut c = Collector::default();
     let mut notes = Vec::new();
     for (side, pattern) in [("target", TARGET_POLLER), ("initiator", HOST_POLLER)] {
-        let (done1, f1) = callgrind(out_dir, side, pattern, ios, depth, workload)?;
-        let (done2, f2) = callgrind(out_dir, side, pattern, ios * 2, depth, workload)?;
+        let (done1, f1) = callgrind(out_dir, side, pattern, ios, shape, workload)?;
+        let (done2, f2) = callgrind(out_dir, side, pattern, ios * 2, shape, workload)?;
         let (ir1, ir2) = (total_ir(&f1)?, total_ir(&f2)?);
         if done2 <= done1 || ir2 <= ir1 {
             bail!("{side}: no growth between runs ({done1} / {done2} I/O, {ir1} / {ir2} Ir)");
         }
         let per_io = (ir2 - ir1) as f64 / (done2 - done1) as f64;
-        let case = format!("{side}, {workload} QD {depth}");
+        let case = format!("{side}, {workload} {}", shape.label());
         c.add(&case, "instructions per I/O", per_io);
         c.add(&case, "I/O counted", (done2 - done1) as f64);
         let mut lines = vec![format!(
@@ -213,10 +266,22 @@ pub fn profile(
     Ok(Section {
         id: "cost".into(),
         title: format!(
-            "(d) Instructions per I/O (callgrind), {workload} 4 KiB QD {depth}, in-process fabric, \
-             both sides' pollers on one reactor thread"
+            "(d) Instructions per I/O (callgrind), {workload} 4 KiB {}, in-process fabric, \
+             both sides' pollers on one reactor thread",
+            shape.label()
         ),
-        command: format!("nvmf-bench cost --ios {ios} --depth {depth} --workload {workload}"),
+        command: if shape.connected <= 1 {
+            format!(
+                "nvmf-bench cost --ios {ios} --depth {} --workload {workload}",
+                shape.depth
+            )
+        } else {
+            format!(
+                "nvmf-bench cost --ios {ios} --depth {} --qpairs {} --active {} \
+                 --workload {workload}",
+                shape.depth, shape.connected, shape.active
+            )
+        },
         rows: c.rows(),
         notes,
     })

@@ -12,13 +12,27 @@ use nvmf_initiator::clock::SystemClock;
 use nvmf_initiator::controller::{Controller, ControllerOptions, ReconnectPolicy};
 use nvmf_initiator::io::IoQueue;
 use nvmf_initiator::perf::job::{Job, JobSpec, Progress};
+use nvmf_initiator::perf::job_set::JobSet;
 use nvmf_initiator::perf::report::{JobResult, Report};
 use nvmf_initiator::queue::TransportAddress;
-use nvmf_initiator::rdma::{RdmaFabric, RdmaQueue};
+use nvmf_initiator::rdma::{HostGroupConfig, RdmaFabric, RdmaQueue};
 use nvmf_poller::{Arm, PollStatus, Poller, PollerId, ReactorCtx, ReactorHandle, WakeFds};
 
 /// Most I/O queues one controller of nvmf-tgt grants.
 pub const QUEUES_PER_CONTROLLER: usize = 64;
+
+/// A host poll group for `io_queues` I/O queues of `depth` and the admin queues of
+/// `controllers` (depth 32, the initiator's default).
+pub fn group_config(io_queues: usize, controllers: usize, depth: usize) -> HostGroupConfig {
+    const ADMIN_DEPTH: usize = 32;
+    // A queue holds at least 2 entries (host_options and the NVMe SQSIZE minimum).
+    let depth = depth.max(2);
+    HostGroupConfig {
+        max_queues: (io_queues + controllers) as u32,
+        max_queue_depth: depth.max(ADMIN_DEPTH) as u32,
+        requests: (io_queues * depth + controllers * ADMIN_DEPTH) as u32,
+    }
+}
 
 /// Controllers with `io_queues` I/O queues in all (at most 64 each) of depth `depth`.
 pub fn connect(
@@ -71,36 +85,35 @@ pub fn connect(
     Ok(controllers)
 }
 
-/// Jobs driven by a reactor; stops them all once `limit` I/O completed (if any).
+/// Jobs driven by a reactor (nvmf-perf's poller: only the jobs with completions or I/O to
+/// submit are stepped in a pass); stops them all once `limit` I/O completed (if any).
 pub struct JobPoller {
-    jobs: Vec<Job<RdmaQueue>>,
+    jobs: JobSet<RdmaQueue>,
     progress: Arc<Progress>,
     limit: Option<u64>,
 }
 
 impl Poller for JobPoller {
     fn poll(&mut self, _ctx: &mut ReactorCtx) -> PollStatus {
-        let n: usize = self.jobs.iter_mut().map(Job::step).sum();
+        let n = self.jobs.step();
         if let Some(limit) = self.limit {
             if self.progress.ios.load(Ordering::Relaxed) >= limit {
-                self.jobs.iter_mut().for_each(Job::stop);
+                self.jobs.stop_all();
             }
         }
         PollStatus::from_count(n)
     }
     fn arm(&mut self, _fds: &mut WakeFds) -> Arm {
-        if self.jobs.iter().all(Job::is_drained) {
+        if self.jobs.is_drained() {
             Arm::Armed
         } else {
             Arm::WorkPending
         }
     }
     fn stop(&mut self, _ctx: &mut ReactorCtx) -> bool {
-        for j in &mut self.jobs {
-            j.stop();
-            j.step();
-        }
-        self.jobs.iter().all(Job::is_drained)
+        self.jobs.stop_all();
+        self.jobs.step_all();
+        self.jobs.is_drained()
     }
     fn name(&self) -> &str {
         "nvmf-bench jobs"
@@ -158,7 +171,7 @@ impl Run {
         Ok(Run {
             idle,
             poller: Some(JobPoller {
-                jobs,
+                jobs: JobSet::new(jobs),
                 progress: progress.clone(),
                 limit,
             }),
@@ -196,7 +209,7 @@ impl Run {
         reactor
             .call(move |r| {
                 if let Some(p) = r.poller_mut::<JobPoller>(id) {
-                    p.jobs.iter_mut().for_each(Job::stop);
+                    p.jobs.stop_all();
                 }
             })
             .map_err(|e| anyhow::anyhow!("reactor: {e}"))?;
@@ -206,7 +219,7 @@ impl Run {
             let drained = reactor
                 .call(move |r| {
                     r.poller_mut::<JobPoller>(id)
-                        .is_none_or(|p| p.jobs.iter().all(Job::is_drained))
+                        .is_none_or(|p| p.jobs.is_drained())
                 })
                 .map_err(|e| anyhow::anyhow!("reactor: {e}"))?;
             if drained {
@@ -223,7 +236,7 @@ impl Run {
             .context("job poller vanished")?;
         let mut results: Vec<JobResult> = Vec::new();
         let mut queues = std::mem::take(&mut self.idle);
-        for job in poller.jobs {
+        for job in poller.jobs.into_jobs() {
             let (result, queue) = job.finish();
             results.push(result);
             queues.push(queue);

@@ -136,9 +136,16 @@ enum Cmd {
         /// I/O of the shorter run (the longer does twice as many).
         #[arg(long, default_value_t = 50_000)]
         ios: u64,
-        /// Queue depth.
+        /// Queue depth (of each job).
         #[arg(long, default_value_t = 32)]
         depth: usize,
+        /// I/O qpairs connected (64 per controller): with more than 1, the many-qpairs
+        /// figure's host side (jobs on --active of them, the rest connected and idle).
+        #[arg(long, default_value_t = 1)]
+        qpairs: usize,
+        /// Qpairs carrying a job (at most --qpairs).
+        #[arg(long, default_value_t = 1)]
+        active: usize,
         /// Workload (randread, randwrite).
         #[arg(long, default_value = "randread")]
         workload: String,
@@ -158,9 +165,15 @@ enum Cmd {
         /// I/O to complete.
         #[arg(long)]
         ios: u64,
-        /// Queue depth.
+        /// Queue depth (of each job).
         #[arg(long, default_value_t = 32)]
         depth: usize,
+        /// I/O qpairs connected.
+        #[arg(long, default_value_t = 1)]
+        qpairs: usize,
+        /// Qpairs carrying a job (at most --qpairs).
+        #[arg(long, default_value_t = 1)]
+        active: usize,
         /// Workload (randread, randwrite).
         #[arg(long, default_value = "randread")]
         workload: String,
@@ -241,21 +254,35 @@ fn main() -> Result<()> {
         Cmd::Cost {
             ios,
             depth,
+            qpairs,
+            active,
             workload,
             top,
             out_dir,
             json,
         } => {
-            let s = cost::profile(ios, depth, &workload, top, &out_dir)?;
+            let shape = cost::Shape {
+                depth,
+                connected: qpairs,
+                active,
+            };
+            let s = cost::profile(ios, shape, &workload, top, &out_dir)?;
             emit(&[s], json)
         }
         Cmd::CostRun {
             ios,
             depth,
+            qpairs,
+            active,
             workload,
             core,
         } => {
-            let done = cost::run(ios, depth, &workload, core)?;
+            let shape = cost::Shape {
+                depth,
+                connected: qpairs,
+                active,
+            };
+            let done = cost::run(ios, shape, &workload, core)?;
             println!("{done}");
             Ok(())
         }

@@ -12,7 +12,7 @@ use nvmf_initiator::controller::{Controller, ControllerOptions, ReconnectPolicy}
 use nvmf_initiator::perf::job::JobSpec;
 use nvmf_initiator::perf::runner::{RunConfig, run};
 use nvmf_initiator::perf::workload::Pattern;
-use nvmf_initiator::rdma::{HostGroupConfig, RdmaFabric};
+use nvmf_initiator::rdma::RdmaFabric;
 use nvmf_poller::{Runtime, RuntimeConfig};
 
 use crate::Common;
@@ -217,19 +217,6 @@ pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Res
 }
 
 /// (e) many qpairs on one target reactor.
-/// A host poll group for `io_queues` I/O queues of `depth` and the admin queues of
-/// `controllers` (depth 32, the initiator's default).
-fn host_group(io_queues: usize, controllers: usize, depth: usize) -> HostGroupConfig {
-    const ADMIN_DEPTH: usize = 32;
-    // A queue holds at least 2 entries (host_options and the NVMe SQSIZE minimum).
-    let depth = depth.max(2);
-    HostGroupConfig {
-        max_queues: (io_queues + controllers) as u32,
-        max_queue_depth: depth.max(ADMIN_DEPTH) as u32,
-        requests: (io_queues * depth + controllers * ADMIN_DEPTH) as u32,
-    }
-}
-
 pub fn qpairs(
     common: &Common,
     counts: &[usize],
@@ -286,7 +273,7 @@ pub fn qpairs(
             // fresh fabric per case, since a group's size is fixed when it is made).
             let fabric = RdmaFabric::new(transport, None)
                 .context("host fabric")?
-                .group_config(host_group(count, controllers_used, depth));
+                .group_config(host::group_config(count, controllers_used, depth));
             let mut controllers = host::connect(&fabric, &address, count, depth as u16)?;
             let connected_rss = rss()?;
             let spec = JobSpec {

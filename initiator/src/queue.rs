@@ -171,6 +171,31 @@ pub trait HostQueue: Send {
     fn is_connected(&self) -> bool;
     /// Tear the connection down (idempotent). Commands in flight are lost.
     fn disconnect(&mut self);
+    /// The completion group this queue shares with others (the RDMA host poll group) and the
+    /// queue's key in it, for a poller driving many queues that wants to look only at those
+    /// with something to report ([`CompletionGroup::poll_ready`], used through
+    /// [`crate::io::ReadyQueues`]). None (the default): the queue has no such group; poll it
+    /// every pass.
+    fn completion_group(&self) -> Option<(Box<dyn CompletionGroup>, u64)> {
+        None
+    }
+}
+
+/// Queues whose completions one poll of a shared completion queue reaps together (the RDMA
+/// host poll group). A poller driving many of them polls the group once per pass and then
+/// polls only the queues it names, so its work per pass follows the completions, not the
+/// number of queues. Only the thread that owns the group's queues uses it.
+pub trait CompletionGroup: Send {
+    /// Identifies the group: two handles of one group give the same value.
+    fn id(&self) -> usize;
+    /// Polls the shared completion queue once, then appends to `ready` the key
+    /// ([`HostQueue::completion_group`]) of every member queue that got something to report
+    /// since it was last named here: completions reaped (by this poll or by any member's own
+    /// poll) and not yet taken, or the loss of its connection. A named queue's `poll` then
+    /// reports it; a queue whose `poll` leaves completions behind (its `out` was too short) is
+    /// named again. A queue may be named with nothing left (its owner polled it meanwhile):
+    /// polling it then costs one empty poll.
+    fn poll_ready(&mut self, ready: &mut Vec<u64>);
 }
 
 /// Connects queues. One per transport (and host poll group); cheap to clone into reactors.

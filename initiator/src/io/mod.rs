@@ -38,7 +38,9 @@ use crate::error::{Error, Result};
 use crate::queue::HostQueue;
 
 mod read_data;
+mod ready;
 pub use read_data::ReadData;
+pub use ready::ReadyQueues;
 
 /// Kinds of I/O command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -225,6 +227,12 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// The underlying queue.
     pub fn queue(&self) -> &Q {
         &self.queue
+    }
+    /// True when the next poll delivers something without the transport: the failures of a
+    /// connection lost during a submission or `end_batch`. A poller that polls only the queues
+    /// their completion group names ([`ReadyQueues`]) must poll this one again.
+    pub fn wants_poll(&self) -> bool {
+        !self.undelivered.is_empty()
     }
 
     /// Open a submit batch: the submissions from now up to the next [`IoQueue::poll`] share

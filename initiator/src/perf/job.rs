@@ -145,6 +145,20 @@ impl<Q: HostQueue> Job<Q> {
         &self.result
     }
 
+    /// The job's I/O queue.
+    pub fn io_queue(&self) -> &IoQueue<Q> {
+        &self.queue
+    }
+
+    /// True when a step has work even if the queue reports nothing: room to submit, or
+    /// failures of a lost connection to deliver. A poller stepping only the jobs whose queue
+    /// has completions ([`crate::io::ReadyQueues`]) steps these too.
+    pub fn wants_step(&self) -> bool {
+        let submits =
+            !self.stopping && self.queue.is_connected() && self.queue.in_flight() < self.spec.depth;
+        submits || self.queue.wants_poll()
+    }
+
     /// After the controller reconnected: the job goes on over `queue`. Whatever was still in
     /// flight on the old one is failed first (lost with the connection). The target may have
     /// restarted and lost what was not flushed (a volatile cache, a malloc namespace), so every
@@ -163,15 +177,35 @@ impl<Q: HostQueue> Job<Q> {
         (self.result, self.queue)
     }
 
-    /// Fill the queue, reap completions; returns the completions handled.
+    /// Fill the queue, reap completions; returns the completions handled. (A transport that
+    /// completes at submit, the loopback, reports the submissions of a step in that step.)
     pub fn step(&mut self) -> usize {
+        self.refill();
+        self.reap()
+    }
+
+    /// Reap completions, then refill the queue, so a completion's slot is reused in the same
+    /// step: for a poller that steps a job when its queue has completions
+    /// ([`super::job_set::JobSet`]), one step per completion instead of one to reap and
+    /// another to submit. Returns the completions handled.
+    pub fn step_reap_first(&mut self) -> usize {
+        let n = self.reap();
+        self.refill();
+        n
+    }
+
+    fn refill(&mut self) {
         if !self.stopping && self.queue.is_connected() {
             // One clock read for the whole refill (the latency resolution is one pass).
             self.queue.begin_batch();
             self.submit_some();
-            // On the wire now, not at the poll below (a held TCP ACK rides on it).
+            // On the wire now, not at the next poll (a held TCP ACK rides on it).
             self.queue.end_batch();
         }
+    }
+
+    /// Reaps the queue's completions into the results; returns how many.
+    fn reap(&mut self) -> usize {
         let (before_ios, before_bytes) =
             (self.result.reads + self.result.writes, self.result.bytes);
         let bs = self.ns.block_size as usize;

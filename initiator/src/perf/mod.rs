@@ -1,8 +1,9 @@
 //! nvmf-perf as a library: the workload ([`workload`]), the --verify block format
-//! ([`verify`]), one job on one I/O queue ([`job`]), the multi-reactor run ([`runner`]) and
-//! the report ([`report`]). The binary only parses flags and connects.
+//! ([`verify`]), one job on one I/O queue ([`job`]), the jobs of one reactor stepped by
+//! readiness ([`job_set`]), the multi-reactor run ([`runner`]) and the report ([`report`]). The binary only parses flags and connects.
 
 pub mod job;
+pub mod job_set;
 pub mod report;
 pub mod runner;
 pub mod verify;

@@ -14,6 +14,7 @@ use crate::io::NsTarget;
 use crate::queue::{Fabric, HostQueue};
 
 use super::job::{Job, JobSpec, Progress};
+use super::job_set::JobSet;
 use super::report::{JobResult, Report, progress_line};
 
 /// A whole run.
@@ -56,27 +57,25 @@ pub fn plan_jobs(
 
 /// The jobs of one reactor.
 struct JobPoller<Q: HostQueue> {
-    jobs: Vec<Job<Q>>,
+    jobs: JobSet<Q>,
 }
 
 impl<Q: HostQueue + 'static> Poller for JobPoller<Q> {
     fn poll(&mut self, _ctx: &mut ReactorCtx) -> PollStatus {
-        PollStatus::from_count(self.jobs.iter_mut().map(Job::step).sum())
+        PollStatus::from_count(self.jobs.step())
     }
     fn arm(&mut self, _fds: &mut WakeFds) -> Arm {
         // Completions are only found by polling: never sleep while I/O is in flight.
-        if self.jobs.iter().all(Job::is_drained) {
+        if self.jobs.is_drained() {
             Arm::Armed
         } else {
             Arm::WorkPending
         }
     }
     fn stop(&mut self, _ctx: &mut ReactorCtx) -> bool {
-        for j in &mut self.jobs {
-            j.stop();
-            j.step();
-        }
-        self.jobs.iter().all(Job::is_drained)
+        self.jobs.stop_all();
+        self.jobs.step_all();
+        self.jobs.is_drained()
     }
     fn name(&self) -> &str {
         "nvmf-perf jobs"
@@ -157,7 +156,11 @@ where
         }
         let handle = &runtime.reactors()[r];
         let id = handle
-            .call(move |reactor| reactor.add_poller(Box::new(JobPoller { jobs })))
+            .call(move |reactor| {
+                reactor.add_poller(Box::new(JobPoller {
+                    jobs: JobSet::new(jobs),
+                }))
+            })
             .map_err(poller_error)?;
         ids.push((r, id));
     }
@@ -205,7 +208,7 @@ where
         runtime.reactors()[r]
             .call(move |reactor| {
                 if let Some(p) = reactor.poller_mut::<JobPoller<F::Queue>>(id) {
-                    p.jobs.iter_mut().for_each(Job::stop);
+                    p.jobs.stop_all();
                 }
             })
             .map_err(poller_error)?;
@@ -220,7 +223,7 @@ where
                 .call(move |reactor| {
                     reactor
                         .poller_mut::<JobPoller<F::Queue>>(id)
-                        .is_none_or(|p| p.jobs.iter().all(Job::is_drained))
+                        .is_none_or(|p| p.jobs.is_drained())
                 })
                 .map_err(poller_error)?;
             if drained {
@@ -238,7 +241,7 @@ where
             .call(move |reactor| reactor.take_poller::<JobPoller<F::Queue>>(id))
             .map_err(poller_error)?;
         if let Some(p) = poller {
-            results.extend(p.jobs.into_iter().map(|j| j.finish().0));
+            results.extend(p.jobs.into_jobs().into_iter().map(|j| j.finish().0));
         }
     }
     runtime.stop().map_err(poller_error)?;
@@ -275,11 +278,8 @@ where
         let place = i / reactors;
         runtime.reactors()[r]
             .call(move |reactor| {
-                if let Some(job) = reactor
-                    .poller_mut::<JobPoller<F::Queue>>(id)
-                    .and_then(|p| p.jobs.get_mut(place))
-                {
-                    job.replace_queue(queue);
+                if let Some(p) = reactor.poller_mut::<JobPoller<F::Queue>>(id) {
+                    p.jobs.replace_queue(place, queue);
                 }
             })
             .map_err(poller_error)?;

@@ -16,6 +16,11 @@
 //! objects not yet reserved by the others (so no queue ever meets a request shortage below
 //! its depth); a group that is full refuses the connect with a message naming the knob.
 //!
+//! Readiness ([`crate::queue::CompletionGroup`]): the router lists each queue that gets
+//! something to report (a completion handed to its side, the loss of its connection) once,
+//! until [`HostGroup::poll_ready`] names it; a poller driving many queues then polls only
+//! those (plus the ones it has commands for) instead of every queue every pass.
+//!
 //! The group sits behind a mutex so a queue stays `Send` (a controller connects its queues on
 //! the control thread and moves them to reactors). With queues placed as above only one
 //! thread takes a group's lock, so it is never contended: one atomic each way, no syscall.
@@ -30,7 +35,7 @@ use nvmf_transport::pollgroup::{
 use nvmf_transport::{Context, TransportError, WcStatus};
 
 use super::side::{HostCommand, Side};
-use crate::queue::ConnectError;
+use crate::queue::{CompletionGroup, ConnectError};
 
 /// Which reactor (host poll group) a queue belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -80,9 +85,13 @@ pub struct HostGroupInfo {
     pub polls: u64,
 }
 
-/// Hands each poll-group callback to the [`Side`] of the queue it concerns.
+/// Hands each poll-group callback to the [`Side`] of the queue it concerns, and lists the
+/// queues that got something to report (see the module documentation).
 pub(super) struct Router {
     sides: Vec<Option<Side>>,
+    /// Tokens of the sides listed for [`HostGroup::poll_ready`] (each side at most once while
+    /// its `listed` is set; a token whose side left may linger until the next `poll_ready`).
+    listed: Vec<u64>,
 }
 
 impl Router {
@@ -90,9 +99,25 @@ impl Router {
         self.sides.get_mut(token as usize).and_then(Option::as_mut)
     }
 
-    fn side_of(&mut self, pg: &PollGroup<HostCommand>, qp_num: u32) -> Option<&mut Side> {
-        let token = pg.qpair_token(qp_num)?;
-        self.side(token)
+    /// Lists the side of `token` for `poll_ready` if it has something to report and is not
+    /// listed already.
+    pub(super) fn note(&mut self, token: u64) {
+        if let Some(Some(side)) = self.sides.get_mut(token as usize) {
+            if !side.listed && (!side.done.is_empty() || side.lost.is_some()) {
+                side.listed = true;
+                self.listed.push(token);
+            }
+        }
+    }
+
+    /// Makes every side lost for `why` (and lists it).
+    fn lose_all(&mut self, why: &str) {
+        for token in 0..self.sides.len() as u64 {
+            if let Some(side) = self.side(token) {
+                side.lose(why.to_string());
+                self.note(token);
+            }
+        }
     }
 }
 
@@ -125,6 +150,7 @@ impl Handler<HostCommand> for Router {
                 side.lose(format!("qpair gone (forced: {forced})"));
             }
         }
+        self.note(token);
     }
     fn aborted(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId) {
         // The qpair is gone; the target can no longer touch the region for this command.
@@ -133,8 +159,15 @@ impl Handler<HostCommand> for Router {
     fn buffers_ready(&mut self, _: &mut PollGroup<HostCommand>, _: ReqId) {}
 
     fn response(&mut self, pg: &mut PollGroup<HostCommand>, qp_num: u32, capsule: &[u8]) {
-        match self.side_of(pg, qp_num) {
-            Some(side) => side.response(pg, capsule),
+        let token = pg.qpair_token(qp_num);
+        match token.and_then(|t| self.side(t)) {
+            Some(side) => {
+                side.response(pg, capsule);
+                // A malformed response loses the queue: its owner must hear of it.
+                if side.lost.is_some() {
+                    self.note(token.unwrap_or_default());
+                }
+            }
             None => tracing::warn!(qp_num, "response for a qpair of no queue"),
         }
     }
@@ -145,15 +178,15 @@ impl Handler<HostCommand> for Router {
             .map(|r| std::mem::take(&mut r.user))
             .unwrap_or_default();
         pg.finish(req);
-        if let Some(side) = self.side(command.queue) {
+        let token = command.queue;
+        if let Some(side) = self.side(token) {
             side.complete(command, status);
+            self.note(token);
         }
     }
 
     fn group_failed(&mut self, _: &mut PollGroup<HostCommand>, error: &str) {
-        for side in self.sides.iter_mut().flatten() {
-            side.lose(format!("poll group failed: {error}"));
-        }
+        self.lose_all(&format!("poll group failed: {error}"));
     }
 }
 
@@ -193,7 +226,11 @@ impl HostGroup {
         )?;
         Ok(Self {
             pg,
-            router: Router { sides: Vec::new() },
+            router: Router {
+                sides: Vec::new(),
+                // Each member listed at most once: no allocation on the fast path.
+                listed: Vec::with_capacity(cfg.max_queues as usize),
+            },
             polls: 0,
             reserved: Vec::new(),
             cfg,
@@ -244,9 +281,21 @@ impl HostGroup {
     pub(super) fn poll(&mut self) {
         self.polls += 1;
         if let Err(e) = self.pg.poll(&mut self.router) {
-            let why = format!("poll: {e}");
-            for side in self.router.sides.iter_mut().flatten() {
-                side.lose(why.clone());
+            self.router.lose_all(&format!("poll: {e}"));
+        }
+    }
+
+    /// Polls the CQ once and appends to `ready` the tokens of the member queues listed since
+    /// the last call (see [`CompletionGroup::poll_ready`]).
+    pub(super) fn poll_ready(&mut self, ready: &mut Vec<u64>) {
+        self.poll();
+        let Router { sides, listed } = &mut self.router;
+        for token in listed.drain(..) {
+            if let Some(Some(side)) = sides.get_mut(token as usize) {
+                if side.listed {
+                    side.listed = false;
+                    ready.push(token);
+                }
             }
         }
     }
@@ -259,6 +308,19 @@ impl HostGroup {
             reserved: self.reserved.iter().sum(),
             polls: self.polls,
         }
+    }
+}
+
+/// A member queue's handle on its group, for a poller driving many queues.
+pub(super) struct GroupHandle(pub(super) Arc<Mutex<HostGroup>>);
+
+impl CompletionGroup for GroupHandle {
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+
+    fn poll_ready(&mut self, ready: &mut Vec<u64>) {
+        lock(&self.0).poll_ready(ready);
     }
 }
 

@@ -36,10 +36,10 @@ use nvmf_protocol::{Cqe, SglDescriptor, Sqe};
 use nvmf_transport::pollgroup::{BufferGrant, ChainWr, QpairHandle};
 use nvmf_transport::{Access, CmChannel, CmEventKind, Mr, SendOp, Sge, TransportError};
 
-use super::group::{HostGroup, lock};
+use super::group::{GroupHandle, HostGroup, lock};
 use super::side::{HostCommand, Side};
 use super::windows::{Posting, Windows};
-use crate::queue::{DataRegion, HostQueue, QueueError};
+use crate::queue::{CompletionGroup, DataRegion, HostQueue, QueueError};
 
 /// A connected queue over RDMA (see the module documentation).
 pub struct RdmaQueue {
@@ -188,6 +188,10 @@ impl RdmaQueue {
                     return Err(side.lost.clone().unwrap_or_default());
                 }
             }
+        }
+        if !side.done.is_empty() {
+            // `out` was too short: a ready-driven poller must come back for the rest.
+            g.router.note(*token);
         }
         Ok(n)
     }
@@ -517,6 +521,10 @@ impl HostQueue for RdmaQueue {
 
     fn is_connected(&self) -> bool {
         self.lost.is_none() && !self.disconnected
+    }
+
+    fn completion_group(&self) -> Option<(Box<dyn CompletionGroup>, u64)> {
+        Some((Box::new(GroupHandle(self.group.clone())), self.token))
     }
 
     fn disconnect(&mut self) {

@@ -42,6 +42,8 @@ pub(super) struct Side {
     pub(super) active: bool,
     /// Set once the qpair is out of the group (its QP destroyed).
     pub(super) gone: bool,
+    /// Listed in the group's router for `poll_ready` (has something to report).
+    pub(super) listed: bool,
     pub(super) qid: u16,
     /// Memory windows for per-I/O keys: made at the first `bind_window`; None inside when the
     /// device has none.
@@ -56,6 +58,7 @@ impl Side {
             lost: None,
             active: false,
             gone: false,
+            listed: false,
             qid,
             windows: None,
         }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use nvmf_initiator::Error;
 use nvmf_initiator::clock::SystemClock;
 use nvmf_initiator::controller::{Controller, ControllerOptions, ReconnectPolicy};
-use nvmf_initiator::io::{IoCompletion, IoQueue, NsTarget};
+use nvmf_initiator::io::{IoCompletion, IoQueue, NsTarget, ReadyQueues};
 use nvmf_initiator::queue::TransportAddress;
 use nvmf_initiator::rdma::{RdmaFabric, RdmaQueue};
 use nvmf_poller::{Runtime, RuntimeConfig};
@@ -384,4 +384,110 @@ fn spread_places_admin_on_control_and_io_queues_by_qid() {
         ]
     );
     c.shutdown().expect("shutdown");
+}
+
+/// Runs `ready`'s passes until `done` says so; returns how many times each queue was visited,
+/// and every completion with its queue.
+fn ready_passes(
+    ready: &mut ReadyQueues,
+    queues: &mut [IoQueue<RdmaQueue>],
+    mut done: impl FnMut(&[(usize, IoCompletion)], u64) -> bool,
+) -> (Vec<u64>, Vec<(usize, IoCompletion)>) {
+    let mut visits = vec![0; queues.len()];
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut passes = 0;
+    while !done(&got, passes) {
+        passes += 1;
+        ready.pass(|q| {
+            visits[q] += 1;
+            let queue = &mut queues[q];
+            queue.poll(|c, _| got.push((q, c)));
+            queue.wants_poll()
+        });
+        assert!(Instant::now() < deadline, "{got:?} after {passes} passes");
+    }
+    (visits, got)
+}
+
+/// A poller over many queues of one host group visits only the queues with something to
+/// report: a completion, or the loss of their connection (which fails only their commands).
+#[test]
+fn ready_queues_visit_only_the_queues_with_completions_or_a_loss() {
+    let rig = Rig::start(SoftFabric::InProcess, Ipv4Addr::new(127, 0, 11, 5));
+    let mut address = rig.address.clone();
+    address.transport = "soft".into();
+    let fabric = RdmaFabric::new("soft", None).expect("fabric");
+    let mut a = controller(&fabric, &address, 4);
+    let mut b = controller(&fabric, &address, 5);
+    let ns = a.namespace(1).expect("namespace 1").target();
+    let gated = a.namespace(2).expect("namespace 2").target();
+    let mut queues: Vec<IoQueue<RdmaQueue>> = Vec::new();
+    for c in [&mut a, &mut b] {
+        for i in 0..usize::from(QUEUES_PER_CONTROLLER) {
+            queues.push(c.take_io_queue(i).expect("I/O queue"));
+        }
+    }
+    // No sweeps: every visit is one the group asked for.
+    let mut ready =
+        ReadyQueues::with_queues(queues.iter().map(IoQueue::queue)).sweep_every(u64::MAX);
+
+    // The first pass visits every queue; with nothing in flight the next ones visit none.
+    let (visits, _) = ready_passes(&mut ready, &mut queues, |_, passes| passes == 1);
+    assert_eq!(visits, vec![1; 6]);
+    let (visits, _) = ready_passes(&mut ready, &mut queues, |_, passes| passes == 200);
+    assert_eq!(visits, vec![0; 6], "idle queues visited");
+
+    // Reads on queues 1 and 4: only they are visited.
+    for round in 0..50 {
+        for q in [1, 4] {
+            queues[q]
+                .submit_read(&ns, q as u64 * 64 + round, 8, q as u64)
+                .expect("read");
+        }
+        let (visits, got) = ready_passes(&mut ready, &mut queues, |got, _| got.len() == 2);
+        assert!(
+            got.iter()
+                .all(|(q, c)| c.result.is_ok() && c.token == *q as u64)
+        );
+        for (q, v) in visits.iter().enumerate() {
+            match q {
+                1 | 4 => assert!(*v >= 1, "queue {q} round {round}: {visits:?}"),
+                _ => assert_eq!(*v, 0, "queue {q} round {round}: {visits:?}"),
+            }
+        }
+    }
+
+    // Held reads everywhere, then the target drops one I/O qpair: only its queue is
+    // visited, and only its command fails.
+    rig.gate.store(false, Ordering::Release);
+    for (q, queue) in queues.iter_mut().enumerate() {
+        queue
+            .submit_read(&gated, q as u64, 1, 100 + q as u64)
+            .expect("held read");
+    }
+    rig.disconnect_one_io_qpair();
+    let (visits, failed) = ready_passes(&mut ready, &mut queues, |got, _| !got.is_empty());
+    let (victim, lost) = &failed[0];
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(lost.token, 100 + *victim as u64);
+    assert!(
+        matches!(lost.result, Err(Error::ConnectionLost(_))),
+        "{lost:?}"
+    );
+    for (q, v) in visits.iter().enumerate() {
+        if q != *victim {
+            assert_eq!(*v, 0, "queue {q}: {visits:?}");
+        }
+    }
+    assert!(visits[*victim] >= 1);
+    rig.gate.store(true, Ordering::Release);
+    let (_, done) = ready_passes(&mut ready, &mut queues, |got, _| got.len() == 5);
+    assert!(
+        done.iter()
+            .all(|(q, c)| c.result.is_ok() && c.token == 100 + *q as u64)
+    );
+    drop(queues);
+    a.shutdown().expect("shutdown a");
+    b.shutdown().expect("shutdown b");
 }
