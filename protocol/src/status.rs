@@ -439,6 +439,10 @@ impl Status {
 
     /// Decode a 16-bit status field; bit 0 (phase) is ignored.
     pub const fn from_field(raw: u16, ctx: StatusContext) -> Self {
+        // Almost every completion succeeds: all bits but the phase tag clear, in any context.
+        if raw & !1 == 0 {
+            return Self::SUCCESS;
+        }
         Self {
             code: StatusCode::from_parts(((raw >> 9) & 7) as u8, (raw >> 1) as u8, ctx),
             crd: ((raw >> 12) & 3) as u8,
@@ -538,6 +542,28 @@ mod tests {
         let r = Status::from_field((5 << 9) | (0x11 << 1), StatusContext::Nvm);
         assert_eq!(r.code, StatusCode::Reserved { sct: 5, sc: 0x11 });
         assert_eq!(r.to_field(), (5 << 9) | (0x11 << 1));
+    }
+
+    #[test]
+    fn the_success_shortcut_decodes_as_the_full_decode() {
+        for raw in [0u16, 1] {
+            for ctx in [StatusContext::Nvm, StatusContext::Fabrics] {
+                let full = Status {
+                    code: StatusCode::from_parts(0, 0, ctx),
+                    crd: 0,
+                    more: false,
+                    dnr: false,
+                };
+                assert_eq!(Status::from_field(raw, ctx), full);
+            }
+        }
+        // Any other bit leaves the shortcut.
+        for bit in 1..16 {
+            assert_ne!(
+                Status::from_field(1 << bit, StatusContext::Nvm),
+                Status::SUCCESS
+            );
+        }
     }
 
     #[test]
