@@ -138,6 +138,9 @@ pub struct IoLimits {
 /// timeout then fires at most this many idle polls later.
 const IDLE_POLLS_PER_CLOCK: u32 = 64;
 
+/// CQEs one poll takes from the queue at most.
+const CQES_PER_POLL: usize = 32;
+
 /// How submissions are time-stamped (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stamp {
@@ -163,6 +166,8 @@ pub struct IoQueue<Q: HostQueue> {
     /// Polls that found nothing since the clock was last read (idle polls read it only every
     /// [`IDLE_POLLS_PER_CLOCK`]th time for the timeout check).
     idle_polls: u32,
+    /// Where a poll puts the queue's CQEs ([`CQES_PER_POLL`] at most).
+    cqes: Vec<Cqe>,
 }
 
 impl<Q: HostQueue> std::fmt::Debug for IoQueue<Q> {
@@ -191,6 +196,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             undelivered: Vec::with_capacity(depth),
             next_timeout_scan: clock.now(),
             idle_polls: 0,
+            cqes: vec![Cqe::default(); CQES_PER_POLL.min(depth)],
             clock,
             stamp: Stamp::EachCommand,
         }
@@ -581,7 +587,9 @@ impl<Q: HostQueue> IoQueue<Q> {
         let mut delivered = 0;
         self.stamp = Stamp::EachCommand;
         if self.lost.is_none() {
-            let mut cqes = [Cqe::success(0, 0, 0, 0); 32];
+            // The queue's own buffer (taken out for the poll, no allocation): no array of
+            // CQEs to initialise per poll.
+            let mut cqes = std::mem::take(&mut self.cqes);
             // One clock read for the whole poll, and only when something needs it.
             let mut now = None;
             let polled = if lazy {
@@ -600,6 +608,7 @@ impl<Q: HostQueue> IoQueue<Q> {
                 }
                 Err(e) => self.connection_lost(e.to_string()),
             }
+            self.cqes = cqes;
             if now.is_none() {
                 self.idle_polls = self.idle_polls.saturating_add(1);
             }
@@ -616,10 +625,12 @@ impl<Q: HostQueue> IoQueue<Q> {
                 }
             }
         }
-        for c in self.undelivered.drain(..) {
-            self.stats.completed += 1;
-            on_complete(c, ReadData::new(&mut self.queue, 0..0, true));
-            delivered += 1;
+        if !self.undelivered.is_empty() {
+            for c in self.undelivered.drain(..) {
+                self.stats.completed += 1;
+                on_complete(c, ReadData::new(&mut self.queue, 0..0, true));
+                delivered += 1;
+            }
         }
         delivered
     }
