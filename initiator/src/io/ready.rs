@@ -45,6 +45,8 @@ pub struct ReadyQueues {
     keys: Vec<u64>,
     passes: u64,
     sweep_every: u64,
+    /// Passes left until the next sweep (a count down: no division per pass).
+    until_sweep: u64,
 }
 
 impl std::fmt::Debug for ReadyQueues {
@@ -79,6 +81,7 @@ impl ReadyQueues {
             keys: Vec::new(),
             passes: 0,
             sweep_every: Self::SWEEP_EVERY,
+            until_sweep: Self::SWEEP_EVERY,
         }
     }
 
@@ -86,6 +89,7 @@ impl ReadyQueues {
     /// queues' timeouts itself; tests).
     pub fn sweep_every(mut self, passes: u64) -> Self {
         self.sweep_every = passes.max(1);
+        self.until_sweep = self.sweep_every;
         self
     }
 
@@ -183,7 +187,9 @@ impl ReadyQueues {
                 self.current.push(item);
             }
         }
-        if self.passes % self.sweep_every == 0 {
+        self.until_sweep -= 1;
+        if self.until_sweep == 0 {
+            self.until_sweep = self.sweep_every;
             for (item, queued) in self.queued.iter_mut().enumerate() {
                 if !*queued {
                     *queued = true;
@@ -204,5 +210,109 @@ impl ReadyQueues {
     /// Passes run so far.
     pub fn passes(&self) -> u64 {
         self.passes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::Range;
+    use std::sync::{Arc, Mutex};
+
+    use nvmf_protocol::{Cqe, Sqe};
+
+    use super::*;
+    use crate::queue::{DataRegion, QueueError};
+
+    /// Keys the test wants the group to name at its next `poll_ready`.
+    #[derive(Clone, Default)]
+    struct FakeGroup(Arc<Mutex<Vec<u64>>>);
+
+    impl CompletionGroup for FakeGroup {
+        fn id(&self) -> usize {
+            Arc::as_ptr(&self.0) as usize
+        }
+        fn poll_ready(&mut self, ready: &mut Vec<u64>) {
+            ready.append(&mut self.0.lock().unwrap());
+        }
+    }
+
+    /// A queue of `group` with `key`, or of none.
+    struct FakeQueue(Option<(FakeGroup, u64)>);
+
+    impl HostQueue for FakeQueue {
+        fn qid(&self) -> u16 {
+            1
+        }
+        fn depth(&self) -> u16 {
+            1
+        }
+        fn region(&self) -> DataRegion {
+            DataRegion {
+                address: 0,
+                key: 0,
+                len: 0,
+            }
+        }
+        fn region_bytes(&self) -> &[u8] {
+            &[]
+        }
+        fn region_bytes_mut(&mut self) -> &mut [u8] {
+            &mut []
+        }
+        fn submit(&mut self, _: &Sqe, _: Option<Range<usize>>) -> Result<(), QueueError> {
+            Ok(())
+        }
+        fn poll(&mut self, _: &mut [Cqe]) -> Result<usize, QueueError> {
+            Ok(0)
+        }
+        fn is_connected(&self) -> bool {
+            true
+        }
+        fn disconnect(&mut self) {}
+        fn completion_group(&self) -> Option<(Box<dyn CompletionGroup>, u64)> {
+            self.0
+                .as_ref()
+                .map(|(g, key)| (Box::new(g.clone()) as Box<dyn CompletionGroup>, *key))
+        }
+    }
+
+    /// The items one pass visits (sorted); `again` are asked back.
+    fn pass(ready: &mut ReadyQueues, again: &[usize]) -> Vec<usize> {
+        let mut visited = Vec::new();
+        ready.pass(|item| {
+            visited.push(item);
+            again.contains(&item)
+        });
+        visited.sort_unstable();
+        visited
+    }
+
+    #[test]
+    fn a_pass_visits_named_asked_back_solo_and_on_sweeps_every_item() {
+        let group = FakeGroup::default();
+        let queues = [
+            FakeQueue(Some((group.clone(), 5))),
+            FakeQueue(Some((group.clone(), 6))),
+            FakeQueue(None),
+            FakeQueue(Some((group.clone(), 9))),
+        ];
+        let mut ready = ReadyQueues::with_queues(queues.iter()).sweep_every(5);
+        assert_eq!(pass(&mut ready, &[]), [0, 1, 2, 3], "everyone first");
+        assert_eq!(pass(&mut ready, &[]), [2], "only the queue without a group");
+        group.0.lock().unwrap().extend([9, 6, 9, 42]);
+        assert_eq!(
+            pass(&mut ready, &[3]),
+            [1, 2, 3],
+            "named once each; 42 is no one's"
+        );
+        assert_eq!(pass(&mut ready, &[]), [2, 3], "asked back");
+        assert_eq!(pass(&mut ready, &[]), [0, 1, 2, 3], "the sweep");
+        assert_eq!(pass(&mut ready, &[]), [2]);
+        // A fresh queue for item 1 (after a reconnect): visited next, then by its new key.
+        ready.add(1, &FakeQueue(Some((group.clone(), 7))));
+        assert_eq!(pass(&mut ready, &[]), [1, 2]);
+        group.0.lock().unwrap().extend([6, 7]);
+        assert_eq!(pass(&mut ready, &[]), [1, 2], "the old key names no one");
+        assert_eq!(ready.passes(), 8);
     }
 }
