@@ -246,7 +246,14 @@ impl RdmaQueue {
                 return Err(QueueError::Invalid(format!("copy to the region: {e}")).into());
             }
         }
-        pg.buffer_mut(req, 0)[..64].copy_from_slice(&sqe.to_bytes());
+        // Encoded in place (the request's buffer is 64 bytes: the group's io_unit_size).
+        match pg.buffer_mut(req, 0).first_chunk_mut::<64>() {
+            Some(capsule) => sqe.encode(capsule),
+            None => {
+                pg.finish(req);
+                return Err(QueueError::Full.into());
+            }
+        }
         // A window named by the SGL is bound in the same chain, ahead of the SEND (after a
         // local invalidate when the target left its previous key valid).
         let window = match keyed
