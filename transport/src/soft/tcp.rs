@@ -20,10 +20,8 @@
 //!   back; the requester re-sends from it when the RNR timer expires.
 //! - Progress: every CQ owns a mio `Poll`; the sockets of the QPs attached to it are registered
 //!   (edge-triggered, read until WouldBlock). Polling the CQ polls epoll with a zero timeout and
-//!   runs the ready QPs only, so thousands of idle QPs cost nothing; on a CQ of one or two QPs,
-//!   while only one had data at the last epoll poll, its socket is read directly instead (no
-//!   `epoll_wait` before each read; epoll is still polled every 16th time). Writes are non-blocking with a
-//!   per-connection output buffer, flushed on writable readiness.
+//!   runs the ready QPs only, so thousands of idle QPs cost nothing. Writes are non-blocking
+//!   with a per-connection output buffer, flushed on writable readiness.
 //! - Syscalls are per batch, not per frame: a `post_send` list is written with one write at its
 //!   end, a progress run reads until a short read (edge-triggered epoll reports later data) and
 //!   writes once, a responder sends one cumulative ACK per batch of requests it read, in the
@@ -37,7 +35,6 @@ use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -374,33 +371,10 @@ fn replaced_connection(slow: &mut Slow) {
 pub(crate) struct TcpPoller {
     /// The epoll fd: readable while a socket of this CQ's QPs is ready (idle sleepers watch it).
     epfd: RawFd,
-    state: Mutex<PollState>,
+    poll: Mutex<(Poll, Events)>,
     registry: Registry,
     qps: Mutex<HashMap<u32, Weak<QpShared>>>,
-    /// How many QPs `qps` holds (read on every poll without its lock).
-    attached: AtomicUsize,
 }
-
-/// What one poll at a time (the CQ's poller) keeps between polls.
-struct PollState {
-    poll: Poll,
-    events: Events,
-    /// The QP whose socket is read directly on every poll, with no `epoll_wait` first: the
-    /// only QP that had data at the last epoll harvest. A read that finds nothing costs what
-    /// an empty `epoll_wait` costs, and one that finds data saves the `epoll_wait` before it.
-    hot: Option<Weak<QpShared>>,
-    /// Polls since the last epoll harvest.
-    since_harvest: u32,
-}
-
-/// A CQ with more QPs than this never reads directly: with many QPs on one CQ the others
-/// would wait up to `HARVEST_EVERY` polls whenever one of them was the only busy one.
-const HOT_MAX_ATTACHED: usize = 2;
-
-/// With a hot QP, epoll is still harvested every this many polls: the CQ's other QPs (an
-/// admin queue, a new one) are found by it, and edge events left over from the direct reads
-/// are consumed (an idle sleeper waits on the epoll fd).
-const HARVEST_EVERY: u32 = 16;
 
 impl TcpPoller {
     pub(crate) fn new() -> Result<TcpPoller> {
@@ -411,15 +385,9 @@ impl TcpPoller {
         let registry = poll.registry().try_clone()?;
         Ok(TcpPoller {
             epfd: poll.as_raw_fd(),
-            state: Mutex::new(PollState {
-                poll,
-                events: Events::with_capacity(256),
-                hot: None,
-                since_harvest: 0,
-            }),
+            poll: Mutex::new((poll, Events::with_capacity(256))),
             registry,
             qps: Mutex::new(HashMap::new()),
-            attached: AtomicUsize::new(0),
         })
     }
 
@@ -428,15 +396,17 @@ impl TcpPoller {
     }
 
     pub(crate) fn attach(&self, qp: &Arc<QpShared>) {
-        let mut qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
-        qps.insert(qp.qp_num(), Arc::downgrade(qp));
-        self.attached.store(qps.len(), Ordering::Relaxed);
+        self.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(qp.qp_num(), Arc::downgrade(qp));
     }
 
     pub(crate) fn detach(&self, qpn: u32) {
-        let mut qps = self.qps.lock().unwrap_or_else(|e| e.into_inner());
-        qps.remove(&qpn);
-        self.attached.store(qps.len(), Ordering::Relaxed);
+        self.qps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&qpn);
     }
 
     fn register(&self, fd: RawFd, qpn: u32) {
@@ -453,109 +423,43 @@ impl TcpPoller {
         let _ = self.registry.deregister(&mut SourceFd(&fd));
     }
 
-    /// Run the QPs whose sockets are ready: the hot QP's socket is read directly; epoll (zero
-    /// timeout) is asked when there is no hot QP, and every `HARVEST_EVERY` polls.
+    /// Run the QPs whose sockets are ready (zero-timeout epoll).
     pub(crate) fn poll(&self) {
-        let Ok(mut g) = self.state.try_lock() else {
+        let Ok(mut g) = self.poll.try_lock() else {
             return;
         };
-        let st = &mut *g;
-        let mut hot = st.hot.as_ref().and_then(Weak::upgrade);
-        st.since_harvest += 1;
-        let mut now = None;
-        if hot.is_none() || st.since_harvest >= HARVEST_EVERY {
-            st.since_harvest = 0;
-            let (got_data, last, ran_hot) = self.harvest(st, &mut now, hot.as_ref());
-            // Direct reads pay only while one QP is busy: with several, epoll finds them.
-            let few = self.attached.load(Ordering::Relaxed) <= HOT_MAX_ATTACHED;
-            match got_data {
-                0 if few && !ran_hot => {}
-                0 if few => return,
-                1 if few => {
-                    st.hot = last.as_ref().map(Arc::downgrade);
-                    return;
-                }
-                _ => {
-                    st.hot = None;
-                    return;
-                }
-            }
-        }
-        let Some(qp) = hot.take() else {
-            st.hot = None;
+        let (poll, events) = &mut *g;
+        if poll.poll(events, Some(Duration::ZERO)).is_err() {
             return;
-        };
-        let now = *now.get_or_insert_with(Instant::now);
-        let mut g = qp.lock();
-        let Some(c) = g.conn.as_mut().filter(|c| !c.dead) else {
-            // Gone or broken: its epoll events (a replacement's included) take over.
-            drop(g);
-            st.hot = None;
+        }
+        if events.is_empty() {
             return;
-        };
-        c.readable = true;
-        let want = progress(&qp, &mut g, now);
-        drop(g);
-        if want {
-            qp.send_cq().want_progress(&qp);
         }
-    }
-
-    /// Zero-timeout epoll: run the QPs it reports. Returns how many of them read data, the
-    /// last that did, and whether `hot` was among those run.
-    fn harvest(
-        &self,
-        st: &mut PollState,
-        now: &mut Option<Instant>,
-        hot: Option<&Arc<QpShared>>,
-    ) -> (usize, Option<Arc<QpShared>>, bool) {
-        let PollState { poll, events, .. } = st;
-        if poll.poll(events, Some(Duration::ZERO)).is_err() || events.is_empty() {
-            return (0, None, false);
-        }
-        let now = *now.get_or_insert_with(Instant::now);
-        let mut got_data = 0;
-        let mut last = None;
-        let mut ran_hot = false;
+        let now = Instant::now();
         for ev in events.iter() {
             let readable =
                 ev.is_readable() || ev.is_read_closed() || ev.is_error() || ev.is_write_closed();
-            let qpn = ev.token().0 as u32;
-            let qp = match hot {
-                Some(h) if h.qp_num() == qpn => Some(h.clone()),
-                _ => self
-                    .qps
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&qpn)
-                    .and_then(Weak::upgrade),
-            };
+            let qp = self
+                .qps
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&(ev.token().0 as u32))
+                .and_then(Weak::upgrade);
             let Some(qp) = qp else { continue };
             let mut g = qp.lock();
-            let before = match g.conn.as_mut() {
-                Some(c) if readable => {
-                    c.readable = true;
-                    c.received
-                }
+            match g.conn.as_mut() {
+                Some(c) if readable => c.readable = true,
                 // Write space only (the peer's TCP ACKs free it after every send): progress
                 // has work only if output waits for that space.
                 Some(c) if !c.output_pending() && !c.dead => continue,
-                Some(c) => c.received,
-                None => 0,
-            };
+                _ => {}
+            }
             let want = progress(&qp, &mut g, now);
-            let read = g.conn.as_ref().is_some_and(|c| c.received != before);
             drop(g);
-            ran_hot |= hot.is_some_and(|h| Arc::ptr_eq(h, &qp));
             if want {
                 qp.send_cq().want_progress(&qp);
             }
-            if read {
-                got_data += 1;
-                last = Some(qp);
-            }
         }
-        (got_data, last, ran_hot)
     }
 }
 
@@ -600,8 +504,6 @@ pub(crate) struct Conn {
     lose_next: bool,
     /// Write syscalls made (tests count them).
     writes: u64,
-    /// Bytes read from the socket (the CQ's poller sees from it which QPs had data).
-    received: u64,
 }
 
 impl Conn {
@@ -629,7 +531,6 @@ impl Conn {
             dead: false,
             lose_next: false,
             writes: 0,
-            received: 0,
         }
     }
 
@@ -1114,7 +1015,6 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                 }
                 Ok(n) => {
                     conn.in_len += n;
-                    conn.received += n as u64;
                     if n == room && conn.inb.len() < INB_MAX {
                         // More may wait: next time take it in one read.
                         let grown = (conn.inb.len() * 2).min(INB_MAX);
