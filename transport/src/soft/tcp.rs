@@ -59,6 +59,13 @@ const DIRECT_MIN: usize = 1024;
 /// copied.
 const MAX_REFS: usize = 32;
 
+/// A connection's input buffer starts this small (thousands of idle connections each keep
+/// one: 64 KiB each was most of nvmf-tgt's memory per qpair) and doubles whenever a read
+/// fills it, up to `INB_MAX`, so a busy connection takes what the socket holds in one read.
+const INB_START: usize = 4 * 1024;
+/// Largest input buffer reads grow to (a single frame may still need more: it grows to fit).
+const INB_MAX: usize = 256 * 1024;
+
 const T_HELLO: u8 = 1;
 const T_SEND: u8 = 2;
 const T_SEND_IMM: u8 = 3;
@@ -517,7 +524,7 @@ impl Conn {
             out_pos: 0,
             ack: None,
             refs: Vec::new(),
-            inb: vec![0; 64 * 1024],
+            inb: vec![0; INB_START],
             in_len: 0,
             readable: true,
             go_back: None,
@@ -996,7 +1003,8 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                     conn.dead = true;
                     break;
                 }
-                conn.inb.resize(need.max(conn.inb.len() + 64 * 1024), 0);
+                conn.inb
+                    .resize(need.max((conn.inb.len() * 2).min(INB_MAX)), 0);
             }
             let in_len = conn.in_len;
             let room = conn.inb.len() - in_len;
@@ -1007,6 +1015,11 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                 }
                 Ok(n) => {
                     conn.in_len += n;
+                    if n == room && conn.inb.len() < INB_MAX {
+                        // More may wait: next time take it in one read.
+                        let grown = (conn.inb.len() * 2).min(INB_MAX);
+                        conn.inb.resize(grown, 0);
+                    }
                     // A short read emptied the socket: what arrives later raises a new
                     // (edge-triggered) readiness event, so no read just to see WouldBlock.
                     n < room

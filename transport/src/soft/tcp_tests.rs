@@ -1,5 +1,6 @@
 //! TCP fabric: RC sequence recovery (a lost request is NAKed and re-sent; a replacement data
-//! connection keeps the sequence), HELLO credentials, and a connect that never blocks RTR.
+//! connection keeps the sequence), HELLO credentials, a connect that never blocks RTR, and an
+//! input buffer that starts small.
 
 use std::io::Write;
 
@@ -122,6 +123,42 @@ fn the_ack_leaves_with_the_run_that_read_the_request() {
         );
         std::thread::yield_now();
     }
+}
+
+/// Length of `side`'s connection's input buffer.
+fn input_buffer(side: &Side) -> usize {
+    side.qp.sh.lock().conn.as_ref().map_or(0, |c| c.inb.len())
+}
+
+#[test]
+fn the_input_buffer_starts_small_and_grows_to_the_traffic() {
+    const LEN: usize = 100 * 1024;
+    let o = Opts {
+        mr_len: 2 * LEN,
+        ..Opts::default()
+    };
+    let (mut a, mut b) = pair(SoftFabric::Tcp, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    sends(&mut a, &mut b, 0, 1);
+    check(&a, &b, &net, 0, 1);
+    // Small frames only so far: an idle connection keeps no more (nvmf-tgt holds thousands).
+    assert_eq!(input_buffer(&b), INB_START);
+    a.mr.write_at(LEN, &pattern(3, LEN)).unwrap();
+    a.qp.post_send(&[send_wr(
+        7,
+        SendOp::RdmaWrite {
+            remote_addr: b.mr.addr() + LEN as u64,
+            rkey: b.mr.rkey(),
+        },
+        &[a.mr.sge(LEN, LEN as u32)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    let sent = net.wait(&a.cq, 1);
+    assert_eq!((sent[0].wr_id, sent[0].status), (7, WcStatus::Success));
+    assert!(b.mr.read_vec(LEN..2 * LEN).unwrap() == pattern(3, LEN));
+    // The frame did not fit: the buffer grew to hold it.
+    assert!(input_buffer(&b) >= HDR + LEN, "{}", input_buffer(&b));
 }
 
 /// Byte `i` of a test pattern that differs per WR (`salt`) and per offset.
