@@ -381,19 +381,19 @@ impl NvmeHandler {
         let entry = self.pending.vacant_entry();
         let tag = entry.key();
         let (exec, zeroed) = {
-            let mut segs: [&mut [u8]; MAX_REQUEST_BUFFERS] = Default::default();
-            let (n, known_zero) = match in_capsule {
-                Some((at, end)) => match pg.capsule_mut(req).get_mut(at..end) {
-                    Some(data) => {
-                        segs[0] = data;
-                        (1, false)
+            // Only the views used are written (a 16-entry array was initialised per command).
+            let mut segs = ArrayVec::<&mut [u8], MAX_REQUEST_BUFFERS>::new();
+            let known_zero = match in_capsule {
+                Some((at, end)) => {
+                    if let Some(data) = pg.capsule_mut(req).get_mut(at..end) {
+                        segs.push(data);
                     }
-                    None => (0, false),
-                },
-                None if length > 0 => pg.buffers_mut_zeroed(req, length, &mut segs),
-                None => (0, false),
+                    false
+                }
+                None if length > 0 => pg.buffers_mut_zeroed(req, length, &mut segs).1,
+                None => false,
             };
-            let mut data = IoBuf::new(&mut segs[..n]);
+            let mut data = IoBuf::new(&mut segs);
             data.truncate(length as usize);
             data.set_zeroed(known_zero);
             let exec = slot
