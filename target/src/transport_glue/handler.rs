@@ -205,8 +205,10 @@ impl NvmeHandler {
             return;
         };
         let plan = xfer::plan(&sqe, &bytes[SQE_SIZE..], self.target.limits(), list);
+        // One lookup for both (the plan stays None when the SGL was refused).
         if let Some(r) = pg.request_mut(req) {
             r.user.sqe = sqe;
+            r.user.plan = plan.ok();
         }
         let plan = match plan {
             Ok(p) => p,
@@ -216,9 +218,6 @@ impl NvmeHandler {
                 return;
             }
         };
-        if let Some(r) = pg.request_mut(req) {
-            r.user.plan = Some(plan);
-        }
         if plan.length == 0 {
             pg.release_capsule(req);
             self.execute(pg, req);
@@ -618,8 +617,8 @@ impl Handler<Command> for NvmeHandler {
         };
         if let Some(r) = pg.request_mut(req) {
             r.user.queue = Some(key);
+            r.user.enter(CommandState::New, qp_num, req.index());
         }
-        Self::enter(pg, req, CommandState::New);
         self.start(pg, req, qp_num);
     }
 
