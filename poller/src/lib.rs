@@ -50,7 +50,7 @@ pub use config::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_IDLE_AFTER, RuntimeConfig};
 pub use error::PollerError;
 pub use handle::{Message, ReactorHandle};
 pub use poller::{Arm, PollStatus, Poller, PollerAny, PollerId, WakeFds};
-pub use reactor::{CLOCK_PASSES, Reactor, ReactorCtx};
+pub use reactor::{CLOCK_PASSES, IDLE_CLOCK_PASSES, Reactor, ReactorCtx};
 pub use runtime::Runtime;
 pub use stats::ReactorStats;
 pub use timer::TimerId;

@@ -3,8 +3,11 @@
 //!
 //! Busy path per iteration: one virtual call per poller, an empty-inbox check (atomic loads), a
 //! timer-heap peek and three relaxed counter stores; `Instant::now()` (vDSO, no syscall, but
-//! about 20 ns) once every [`CLOCK_PASSES`] passes while they all do work, and at the start of
-//! every pass after an idle one. No allocation, no lock, no syscall.
+//! 20-50 ns) once every [`CLOCK_PASSES`] passes while they all do work, once every
+//! [`IDLE_CLOCK_PASSES`] while none does, and right after a busy pass that ended idle ones (off
+//! the path of the next work: it measures the work just done). An idle pass that read the clock
+//! each time spent most of its time there, which delayed noticing new work. No allocation, no
+//! lock, no syscall.
 
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
@@ -26,6 +29,10 @@ const TIMERS_PER_ITERATION: usize = 256;
 /// last reading (timers, `ReactorCtx::now` and the busy-time count lag by at most this many
 /// busy passes). A pass after an idle one always reads it (idle detection stays exact).
 pub const CLOCK_PASSES: u32 = 8;
+/// While no pass does work, the clock is read on one pass in this many (an idle pass is a few
+/// tens of nanoseconds: timers, idle detection and `ReactorCtx::now` lag by about a
+/// microsecond at most). The pass after a sleep always reads it.
+pub const IDLE_CLOCK_PASSES: u32 = 32;
 
 /// Work deferred by a poller from inside `poll` (when it cannot borrow the whole reactor).
 type Deferred = Box<dyn FnOnce(&mut Reactor)>;
@@ -51,9 +58,9 @@ impl ReactorCtx {
         self.core
     }
 
-    /// Time read at the start of the current loop iteration, or of a recent one while the
-    /// reactor is busy (at most [`CLOCK_PASSES`] - 1 busy passes earlier): a cheap clock for
-    /// pollers.
+    /// Time read at the start of the current loop iteration, or of a recent one (at most
+    /// [`CLOCK_PASSES`] - 1 busy or [`IDLE_CLOCK_PASSES`] - 1 idle passes earlier): a cheap
+    /// clock for pollers.
     #[inline]
     pub fn now(&self) -> Instant {
         self.now
@@ -247,7 +254,8 @@ impl Reactor {
     /// Run `f` once `after` has passed, then every `period` if one is given (a zero period
     /// means every loop iteration). Periodic timers keep their cadence and skip ticks missed
     /// while the reactor was busy rather than firing in a burst. Accuracy: [`CLOCK_PASSES`] loop
-    /// iterations when busy; about a millisecond when asleep (epoll's resolution).
+    /// iterations when busy, [`IDLE_CLOCK_PASSES`] when idle; about a millisecond when asleep
+    /// (epoll's resolution).
     pub fn add_timer<F>(&mut self, after: Duration, period: Option<Duration>, f: F) -> TimerId
     where
         F: FnMut(&mut Reactor) + 'static,
@@ -304,21 +312,32 @@ impl Reactor {
             "reactor running"
         );
         let mut prev = Instant::now();
-        let mut prev_busy = false;
-        // Passes since the clock was last read, and how many of them did work: all but
-        // possibly the last, as a busy pass is what lets the next one skip the read.
+        // Passes since the clock was last read, and how many of them did work.
         let (mut window, mut window_busy) = (0u32, 0u32);
+        // The clock is read at the top of the next pass regardless of the window (after a sleep,
+        // and after a busy pass that ended idle ones).
+        let mut read_next = false;
+        // Estimated length of an idle pass, from windows of idle passes only: the busy share of
+        // a mixed window is what its idle passes do not explain.
+        let mut idle_pass_ns = 0u128;
         let mut now = prev;
         loop {
-            let fresh = !prev_busy || window >= CLOCK_PASSES || self.drain_deadline.is_some();
+            let limit = if window_busy > 0 {
+                CLOCK_PASSES
+            } else {
+                IDLE_CLOCK_PASSES
+            };
+            let fresh = read_next || window >= limit || self.drain_deadline.is_some();
             if fresh {
                 now = Instant::now();
-                if window_busy > 0 {
-                    // The busy passes' share of the time since the last reading (all of it when
-                    // every pass was busy).
-                    let ns = now.saturating_duration_since(prev).as_nanos()
-                        * u128::from(window_busy)
-                        / u128::from(window);
+                let elapsed = now.saturating_duration_since(prev).as_nanos();
+                if window_busy == 0 {
+                    if window > 0 {
+                        idle_pass_ns = elapsed / u128::from(window);
+                    }
+                } else {
+                    let idle = u128::from(window - window_busy) * idle_pass_ns;
+                    let ns = elapsed.saturating_sub(idle);
                     self.counts.busy_ns = self
                         .counts
                         .busy_ns
@@ -356,7 +375,8 @@ impl Reactor {
             } else {
                 self.counts.idle_polls += 1;
             }
-            prev_busy = work > 0;
+            // A busy pass after idle ones: its time is measured now, while no work waits.
+            read_next = work > 0 && window_busy < window;
             self.shared.counters.publish_hot(&self.counts);
 
             if self.drain_deadline.is_some() {
@@ -368,6 +388,10 @@ impl Reactor {
                 && now.saturating_duration_since(self.last_work) >= self.timing.idle_after
             {
                 self.try_sleep();
+                // However it ended, time passed: the next pass reads the clock, and the window
+                // restarts there (the sleep is neither busy time nor an idle pass).
+                read_next = true;
+                (window, window_busy) = (0, 0);
             }
         }
         self.exit();

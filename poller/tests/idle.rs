@@ -191,3 +191,52 @@ fn work_found_while_arming_keeps_the_reactor_awake() {
     assert!(s.sleeps >= 1, "{s:?}");
     rt.stop().expect("stop");
 }
+
+/// Busy one pass in `every`, and that pass takes `work` (a sleep standing in for work).
+struct Sometimes {
+    every: u64,
+    work: Duration,
+    polls: u64,
+    busy_passes: Arc<AtomicU64>,
+}
+
+impl Poller for Sometimes {
+    fn poll(&mut self, _ctx: &mut ReactorCtx) -> PollStatus {
+        self.polls += 1;
+        if self.polls % self.every != 0 {
+            return PollStatus::Idle;
+        }
+        thread::sleep(self.work);
+        self.busy_passes.fetch_add(1, Relaxed);
+        PollStatus::Busy(1)
+    }
+}
+
+/// Idle passes do not read the clock each time, so a busy pass between idle ones shares its
+/// clock window with them: its time must still count as busy (not diluted by the idle passes).
+#[test]
+fn a_busy_pass_between_idle_ones_counts_its_time() {
+    let rt = Runtime::start(cfg(&[1]).idle_after(Duration::from_secs(60))).expect("start");
+    let h = &rt.reactors()[0];
+    let busy_passes = Arc::new(AtomicU64::new(0));
+    let poller = Sometimes {
+        every: 1000,
+        work: Duration::from_millis(2),
+        polls: 0,
+        busy_passes: Arc::clone(&busy_passes),
+    };
+    let before = h.call(move |r| {
+        r.add_poller(Box::new(poller));
+        r.stats()
+    });
+    let before = before.expect("call");
+    assert!(wait_for(|| busy_passes.load(Relaxed) >= 40));
+    let after = h.stats();
+    let passes = busy_passes.load(Relaxed);
+    // Each busy pass slept 2 ms; allow half for the estimate of the idle passes around them.
+    assert!(
+        after.busy - before.busy >= Duration::from_millis(passes.saturating_sub(2)),
+        "{passes} busy passes of 2 ms: {before:?} -> {after:?}"
+    );
+    rt.stop().expect("stop");
+}

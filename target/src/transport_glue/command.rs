@@ -64,8 +64,21 @@ impl Command {
         self.state
     }
 
-    /// Moves to `next`: the one trace point of the request life.
+    /// Moves to `next`: the one trace point of the request life. Inlined down to the level
+    /// check and the store; the event itself is out of line (four or five transitions per
+    /// command: the disabled event's call and callsite check cost about 80 instructions per
+    /// I/O).
+    #[inline]
     pub fn enter(&mut self, next: CommandState, qp_num: u32, request: u32) {
+        if tracing::level_enabled!(tracing::Level::TRACE) {
+            self.trace(next, qp_num, request);
+        }
+        self.state = next;
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn trace(&self, next: CommandState, qp_num: u32, request: u32) {
         tracing::trace!(
             target: "nvmf_target::request",
             qp_num,
@@ -76,7 +89,6 @@ impl Command {
             to = ?next,
             "request state"
         );
-        self.state = next;
     }
 
     /// Back to a blank state for a new capsule (request objects are reused).

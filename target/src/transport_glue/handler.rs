@@ -205,8 +205,10 @@ impl NvmeHandler {
             return;
         };
         let plan = xfer::plan(&sqe, &bytes[SQE_SIZE..], self.target.limits(), list);
+        // One lookup for both (the plan stays None when the SGL was refused).
         if let Some(r) = pg.request_mut(req) {
             r.user.sqe = sqe;
+            r.user.plan = plan.ok();
         }
         let plan = match plan {
             Ok(p) => p,
@@ -216,9 +218,6 @@ impl NvmeHandler {
                 return;
             }
         };
-        if let Some(r) = pg.request_mut(req) {
-            r.user.plan = Some(plan);
-        }
         if plan.length == 0 {
             pg.release_capsule(req);
             self.execute(pg, req);
@@ -381,19 +380,19 @@ impl NvmeHandler {
         let entry = self.pending.vacant_entry();
         let tag = entry.key();
         let (exec, zeroed) = {
-            let mut segs: [&mut [u8]; MAX_REQUEST_BUFFERS] = Default::default();
-            let (n, known_zero) = match in_capsule {
-                Some((at, end)) => match pg.capsule_mut(req).get_mut(at..end) {
-                    Some(data) => {
-                        segs[0] = data;
-                        (1, false)
+            // Only the views used are written (a 16-entry array was initialised per command).
+            let mut segs = ArrayVec::<&mut [u8], MAX_REQUEST_BUFFERS>::new();
+            let known_zero = match in_capsule {
+                Some((at, end)) => {
+                    if let Some(data) = pg.capsule_mut(req).get_mut(at..end) {
+                        segs.push(data);
                     }
-                    None => (0, false),
-                },
-                None if length > 0 => pg.buffers_mut_zeroed(req, length, &mut segs),
-                None => (0, false),
+                    false
+                }
+                None if length > 0 => pg.buffers_mut_zeroed(req, length, &mut segs).1,
+                None => false,
             };
-            let mut data = IoBuf::new(&mut segs[..n]);
+            let mut data = IoBuf::new(&mut segs);
             data.truncate(length as usize);
             data.set_zeroed(known_zero);
             let exec = slot
@@ -618,8 +617,8 @@ impl Handler<Command> for NvmeHandler {
         };
         if let Some(r) = pg.request_mut(req) {
             r.user.queue = Some(key);
+            r.user.enter(CommandState::New, qp_num, req.index());
         }
-        Self::enter(pg, req, CommandState::New);
         self.start(pg, req, qp_num);
     }
 
@@ -730,11 +729,13 @@ impl Handler<Command> for NvmeHandler {
     }
 
     fn poll_side(&mut self, pg: &mut PollGroup<Command>) -> usize {
-        let mut done = std::mem::take(&mut self.completions);
-        let mut n = 0;
-        if self.io.in_flight() > 0 {
-            n += self.io.poll(&mut |tag, cqe| done.push((tag, cqe)));
+        // Every pass comes here, idle ones too: with no block I/O in flight there is nothing
+        // to reap (the list is empty between passes), so no list is taken or drained.
+        if self.io.in_flight() == 0 {
+            return 0;
         }
+        let mut done = std::mem::take(&mut self.completions);
+        let n = self.io.poll(&mut |tag, cqe| done.push((tag, cqe)));
         for (tag, cqe) in done.drain(..) {
             self.complete(pg, tag, cqe);
         }

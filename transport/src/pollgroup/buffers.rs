@@ -14,6 +14,7 @@
 use crate::device::{Mr, Pd};
 use crate::error::Result;
 use crate::types::{Access, Sge};
+use arrayvec::ArrayVec;
 
 pub(crate) struct DataBuffers {
     mr: Mr,
@@ -76,10 +77,17 @@ impl DataBuffers {
 
     /// Writable views of several distinct buffers at once, in `bufs` order, into `out`;
     /// returns how many were written.
-    pub(crate) fn many_mut<'a>(&'a mut self, bufs: &[u32], out: &mut [&'a mut [u8]]) -> usize {
+    pub(crate) fn many_mut<'a, const N: usize>(
+        &'a mut self,
+        bufs: &[u32],
+        out: &mut ArrayVec<&'a mut [u8], N>,
+    ) -> usize {
         let unit = self.unit as usize;
         let mut n = 0;
-        for (slot, &b) in out.iter_mut().zip(bufs) {
+        for &b in bufs {
+            if out.is_full() {
+                break;
+            }
             debug_assert!(!bufs[..n].contains(&b), "buffer {b} listed twice");
             self.zeroed[b as usize] = 0;
             let s = b as usize * unit;
@@ -87,7 +95,7 @@ impl DataBuffers {
             // once from the free stack), so the views do not overlap; `&mut self` excludes any
             // other view for their lifetime; no work request on them is in flight (the caller
             // holds the request Idle) and no rkey to them is granted.
-            *slot = unsafe { self.mr.view_mut(s..s + unit) };
+            out.push(unsafe { self.mr.view_mut(s..s + unit) });
             n += 1;
         }
         n

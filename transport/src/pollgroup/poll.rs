@@ -384,8 +384,8 @@ impl<R: Default> PollGroup<R> {
 
     fn post_to_qp<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef) {
         loop {
-            let mut batch = [0u32; POST_WRS];
-            let mut count = 0;
+            // Only the entries used are written (the loop ends with a pass that finds nothing).
+            let mut batch = ArrayVec::<u32, POST_WRS>::new();
             let mut wrs_in_batch = 0u32;
             {
                 let Some(q) = self.qpairs.get_mut(qref.index as usize) else {
@@ -403,20 +403,20 @@ impl<R: Default> PollGroup<R> {
                     }
                     q.to_post.pop_front(&mut self.req_links);
                     q.reserve(n, reads);
-                    batch[count] = index;
-                    count += 1;
+                    // Every chain holds at least one WR, so `batch` never overflows.
+                    batch.push(index);
                     wrs_in_batch += n;
                 }
             }
-            if count == 0 {
+            if batch.is_empty() {
                 return;
             }
-            for &index in &batch[..count] {
+            for &index in &batch {
                 self.chain_posted(index);
             }
             let result = {
                 let mut wrs = ArrayVec::<SendWr, POST_WRS>::new();
-                for &index in &batch[..count] {
+                for &index in &batch {
                     let generation = self.req_generation[index as usize];
                     self.chains[index as usize].work_requests(generation, index, &mut wrs);
                 }
@@ -446,7 +446,7 @@ impl<R: Default> PollGroup<R> {
                 }
             };
             if let Err((failed_index, error)) = result {
-                self.post_failed(h, qref, &batch[..count], failed_index, error);
+                self.post_failed(h, qref, &batch, failed_index, error);
                 return;
             }
         }

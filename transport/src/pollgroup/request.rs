@@ -379,10 +379,15 @@ impl<R> PollGroup<R> {
         copied
     }
 
-    /// Writable views of all of `req`'s buffers at once (in transfer order) into `out`, for
-    /// the layer above to lend them to block I/O as one scatter list; returns how many. Only
-    /// while no chain of `req` is in flight (nothing else touches them then).
-    pub fn buffers_mut<'a>(&'a mut self, req: ReqId, out: &mut [&'a mut [u8]]) -> usize {
+    /// Writable views of all of `req`'s buffers at once (in transfer order) appended to `out`
+    /// (as many as it has room for), for the layer above to lend them to block I/O as one
+    /// scatter list; returns how many. Only while no chain of `req` is in flight (nothing else
+    /// touches them then).
+    pub fn buffers_mut<'a, const N: usize>(
+        &'a mut self,
+        req: ReqId,
+        out: &mut ArrayVec<&'a mut [u8], N>,
+    ) -> usize {
         let Some(r) = self.request(req) else {
             return 0;
         };
@@ -397,11 +402,11 @@ impl<R> PollGroup<R> {
     /// known to hold zeroes (written only by [`PollGroup::mark_zeroed`] since they last were).
     /// The views may write anything: the buffers are no longer known zeroed afterwards until
     /// the caller marks them again.
-    pub fn buffers_mut_zeroed<'a>(
+    pub fn buffers_mut_zeroed<'a, const N: usize>(
         &'a mut self,
         req: ReqId,
         len: u32,
-        out: &mut [&'a mut [u8]],
+        out: &mut ArrayVec<&'a mut [u8], N>,
     ) -> (usize, bool) {
         let Some(r) = self.request(req) else {
             return (0, false);
