@@ -245,7 +245,13 @@ pub struct ScriptRig {
     pub answers: Vec<Vec<u32>>,
     pub sends_ok: Vec<u64>,
     pub sends_failed: Vec<u64>,
+    /// Answers that completed on a host's QP after `replace` swapped it out (its completions
+    /// were still in the shared CQ): not counted in `answers`.
+    pub stale_answers: u64,
     next_ring: Vec<usize>,
+    /// Per host: how many times `replace` made it a new QP (carried in its receive WR ids, so
+    /// a completion of a replaced QP is told apart from the new one's).
+    generation: Vec<u16>,
 }
 
 /// How the group's qpairs are made.
@@ -303,6 +309,8 @@ impl ScriptRig {
             sends_ok: vec![0; n],
             sends_failed: vec![0; n],
             next_ring: vec![0; n],
+            stale_answers: 0,
+            generation: vec![0; n],
             h: Scripted::default(),
             fx,
             pd,
@@ -324,6 +332,7 @@ impl ScriptRig {
             .add_qp(tq, self.shape.depth, self.shape.read_depth, i as u64)
             .expect("add qp");
         self.qps[i] = hq;
+        self.generation[i] = self.generation[i].wrapping_add(1);
     }
 
     /// Host `i` sends `cmd`; with `recv`, it first posts a receive for the answer.
@@ -346,7 +355,10 @@ impl ScriptRig {
             let sge = self.mr.sge(at, 64);
             if self.qps[i]
                 .post_recv(&[RecvWr {
-                    wr_id: (1 << 40) | ((i as u64) << 8) | slot as u64,
+                    wr_id: (1 << 40)
+                        | (u64::from(self.generation[i]) << 24)
+                        | ((i as u64) << 8)
+                        | slot as u64,
                     sges: &[sge],
                 }])
                 .is_err()
@@ -373,6 +385,10 @@ impl ScriptRig {
                 if w.status == WcStatus::Success {
                     let i = ((w.wr_id >> 8) & 0xffff) as usize;
                     let slot = (w.wr_id & 0xff) as usize;
+                    if (w.wr_id >> 24) as u16 != self.generation[i] {
+                        self.stale_answers += 1;
+                        continue;
+                    }
                     let at = self.qps.len() * 64 + (i * RING + slot) * 64;
                     let seq = u32::from_le_bytes(
                         self.mr.read_vec(at..at + 4).unwrap().try_into().unwrap(),
