@@ -160,6 +160,17 @@ fn controller(fabric: &RdmaFabric, address: &TransportAddress, host: u8) -> Cont
     .expect("controller")
 }
 
+/// Every I/O queue of the controllers, in order.
+fn io_queues(controllers: [&mut Controller<RdmaFabric>; 2]) -> Vec<IoQueue<RdmaQueue>> {
+    let mut queues = Vec::new();
+    for c in controllers {
+        for i in 0..usize::from(QUEUES_PER_CONTROLLER) {
+            queues.push(c.take_io_queue(i).expect("I/O queue"));
+        }
+    }
+    queues
+}
+
 /// Each queue's block tag for block `i` of round `round`.
 fn tag(queue: usize, round: u32, i: usize) -> u8 {
     (queue as u8).wrapping_mul(31) ^ (round as u8).wrapping_mul(7) ^ i as u8
@@ -244,12 +255,7 @@ fn shared_group(fabric_kind: SoftFabric, transport: &str, ip: Ipv4Addr) {
 
     let ns = a.namespace(1).expect("namespace 1").target();
     let gated = a.namespace(2).expect("namespace 2").target();
-    let mut queues: Vec<IoQueue<RdmaQueue>> = Vec::new();
-    for c in [&mut a, &mut b] {
-        for i in 0..usize::from(QUEUES_PER_CONTROLLER) {
-            queues.push(c.take_io_queue(i).expect("I/O queue"));
-        }
-    }
+    let mut queues = io_queues([&mut a, &mut b]);
     for round in 0..4 {
         verified_round(&mut queues, &ns, round, &[]);
     }
@@ -422,12 +428,7 @@ fn ready_queues_visit_only_the_queues_with_completions_or_a_loss() {
     let mut b = controller(&fabric, &address, 5);
     let ns = a.namespace(1).expect("namespace 1").target();
     let gated = a.namespace(2).expect("namespace 2").target();
-    let mut queues: Vec<IoQueue<RdmaQueue>> = Vec::new();
-    for c in [&mut a, &mut b] {
-        for i in 0..usize::from(QUEUES_PER_CONTROLLER) {
-            queues.push(c.take_io_queue(i).expect("I/O queue"));
-        }
-    }
+    let mut queues = io_queues([&mut a, &mut b]);
     // No sweeps: every visit is one the group asked for.
     let mut ready =
         ReadyQueues::with_queues(queues.iter().map(IoQueue::queue)).sweep_every(u64::MAX);
