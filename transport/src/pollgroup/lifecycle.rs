@@ -4,8 +4,9 @@
 //! Draining: QP to ERR (CM disconnect when there is an id), a zero-length marker SEND that
 //! flushes back once every earlier send has. The drain is over when the marker is back and the
 //! send accounting is at zero (exact: see `wrid`), and the receive side is done:
-//! LAST_WQE_REACHED, or, on devices that never raise it (rxe, iWARP, the soft device with the
-//! flag off), a short grace after the marker. When the marker could not be posted (the QP is
+//! LAST_WQE_REACHED (SRQ), none of the qpair's receives still posted (per-qpair receive
+//! queues, the host: a QP in ERR flushes every one back), or, failing both (rxe and iWARP with
+//! an SRQ, the soft device with the flag off), a short grace after the marker. When the marker could not be posted (the QP is
 //! already gone), the grace after the drain's start stands in for it. The drain timeout is a
 //! last resort, counted, and never the expected end.
 //!
@@ -347,8 +348,12 @@ impl<R: Default> PollGroup<R> {
                 let quiet_for = d.sends_quiet_at.map(|t| now - t);
                 let sends_done =
                     (d.marker_done && q.sq_used == 0) || quiet_for.is_some_and(|t| t >= grace);
-                let receives_done =
-                    d.last_wqe || (!raises && quiet_for.is_some_and(|t| t >= grace));
+                // Per-qpair receive queues: once none of the qpair's receives is posted (the QP
+                // in ERR flushed them all back), the device can write none of its slots, so the
+                // receive side is done without waiting out the grace.
+                let receives_flushed = self.recv.posted_by(qref.index) == Some(0);
+                let receives_done = d.last_wqe
+                    || (!raises && (receives_flushed || quiet_for.is_some_and(|t| t >= grace)));
                 Some(if sends_done && receives_done {
                     Some(if d.last_wqe { End::LastWqe } else { End::Flush })
                 } else if now - d.started >= timeout {

@@ -51,6 +51,9 @@ pub(crate) struct RecvSlots {
     posted: u32,
     /// Per-qpair mode: each slot's qpair (slab index), NO_OWNER when free or orphaned.
     owner: Option<Box<[u32]>>,
+    /// Per-qpair mode: slots Posted to each qpair's QP (by slab index): a draining qpair
+    /// whose count is zero has no receive the device could still write.
+    posted_by: Vec<u32>,
     free: Vec<u32>,
 }
 
@@ -84,6 +87,7 @@ impl RecvSlots {
             repost,
             posted: 0,
             owner,
+            posted_by: Vec::new(),
             free,
         })
     }
@@ -110,6 +114,10 @@ impl RecvSlots {
         if self.free.len() < n as usize {
             return false;
         }
+        // Control path: the per-qpair counts grow with the slab indexes seen.
+        if self.posted_by.len() <= owner as usize {
+            self.posted_by.resize(owner as usize + 1, 0);
+        }
         for _ in 0..n {
             let slot = self.free.pop().expect("checked");
             owners[slot as usize] = owner;
@@ -126,6 +134,9 @@ impl RecvSlots {
             return;
         };
         self.repost.retain(|&s| owners[s as usize] != owner);
+        if let Some(count) = self.posted_by.get_mut(owner as usize) {
+            *count = 0;
+        }
         for slot in 0..owners.len() {
             if owners[slot] != owner {
                 continue;
@@ -150,6 +161,13 @@ impl RecvSlots {
 
     pub(crate) fn posted(&self) -> u32 {
         self.posted
+    }
+
+    /// Per-qpair mode: how many of qpair `owner`'s slots are posted to its QP (None with an
+    /// SRQ, where slots belong to no qpair).
+    pub(crate) fn posted_by(&self, owner: u32) -> Option<u32> {
+        self.owner.as_ref()?;
+        Some(self.posted_by.get(owner as usize).copied().unwrap_or(0))
     }
 
     pub(crate) fn queued(&self) -> u32 {
@@ -180,6 +198,11 @@ impl RecvSlots {
         }
         self.state[slot as usize] = SlotState::Held;
         self.posted -= 1;
+        if let Some(owner) = self.owner(slot) {
+            if let Some(count) = self.posted_by.get_mut(owner as usize) {
+                *count = count.saturating_sub(1);
+            }
+        }
         self.len[slot as usize] = byte_len.min(self.slot_size);
         true
     }
@@ -264,6 +287,9 @@ impl RecvSlots {
                 self.state[self.repost[i] as usize] = SlotState::Posted;
             }
             self.posted += done as u32;
+            if let Some(count) = self.posted_by.get_mut(owner as usize) {
+                *count += done as u32;
+            }
             // Keep the refused tail queued (compacted to the front).
             for i in at + done..end {
                 self.repost[keep] = self.repost[i];

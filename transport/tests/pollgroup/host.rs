@@ -126,3 +126,43 @@ pub fn host_group_round_trips(flavor: Flavor) {
     host.destroy_qpair(&mut i, hqpn);
     assert_eq!(host.recv_accounting(), (0, 0, 0));
 }
+
+/// A host qpair's drain ends once its receives have flushed back from its own receive queue:
+/// LAST_WQE_REACHED exists only for SRQ-attached QPs, and the grace that stands in for it is
+/// set here far beyond the test's patience, so only the receive count can end the drain.
+pub fn host_drain_ends_when_its_receives_flush(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let cfg = PollGroupConfig {
+        drain_grace: std::time::Duration::from_secs(3600),
+        drain_timeout: std::time::Duration::from_secs(7200),
+        ..crate::chains::cfg(1)
+    };
+    let mut target = PollGroup::<()>::new(&fx.ctx, cfg.clone()).unwrap();
+    let mut host =
+        PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::PerQpair { recvs: 16 }).unwrap();
+    let mut tq = target.create_qp().unwrap();
+    let mut hq = host.create_qp().unwrap();
+    fx.connect(&mut hq, &mut tq, 7);
+    target.add_qp(tq, 8, 16, 0).unwrap();
+    let hqpn = host.add_qp(hq, 8, 16, 0).unwrap();
+    let (mut t, mut i) = (Scripted::default(), Initiator::default());
+    // Its 16 receives go on the QP at the first poll.
+    host.poll(&mut i).unwrap();
+    assert_eq!(host.recv_accounting().0, 16);
+    host.disconnect(&mut i, hqpn);
+    let deadline = Instant::now() + patience();
+    while host.qpair_phase(hqpn).is_some() {
+        let a = host.poll(&mut i).unwrap();
+        let b = target.poll(&mut t).unwrap();
+        if a + b == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the drain did not end: {:?}",
+                host.stats()
+            );
+        }
+    }
+    let s = host.stats();
+    assert_eq!((s.drained_flush, s.drained_timeout), (1, 0), "{s:?}");
+    assert_eq!(host.recv_accounting(), (0, 0, 0));
+}

@@ -320,6 +320,11 @@ macro_rules! pollgroup_suite {
             }
             #[test]
             $(#[$attr])*
+            fn host_drain_ends_when_its_receives_flush() {
+                crate::host::host_drain_ends_when_its_receives_flush(F)
+            }
+            #[test]
+            $(#[$attr])*
             fn stress_64_qpairs_with_faults() {
                 crate::stress::stress(F, 3)
             }
