@@ -199,7 +199,7 @@ impl<Q: HostQueue> Job<Q> {
             // One clock read for the whole refill (the latency resolution is one pass).
             self.queue.begin_batch();
             self.submit_some();
-            // On the wire now, not at the next poll (a held TCP ACK rides on it).
+            // On the wire now, not at the next poll.
             self.queue.end_batch();
         }
     }

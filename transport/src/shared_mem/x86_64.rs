@@ -14,34 +14,49 @@ use std::arch::asm;
 
 use super::{Engine, Region};
 
-/// Inline-assembly copies; see the module docs.
-pub(super) struct Asm;
+/// An [`Engine`] whose every operation is one front-to-back `$copy(dst, src, len)` (the region
+/// bounds play no part on x86_64).
+macro_rules! forward_engine {
+    ($(#[$attr:meta])* $name:ident, $copy:ident) => {
+        $(#[$attr])*
+        pub(super) struct $name;
 
-impl Engine for Asm {
-    unsafe fn read(_region: Region, addr: usize, dst: &mut [u8]) {
-        // SAFETY: `addr..+dst.len()` is live shared memory (caller contract), `dst` is ours;
-        // they cannot overlap (`dst` is an exclusive borrow), so a forward copy is exact.
-        unsafe { copy_bytes(dst.as_mut_ptr().addr(), addr, dst.len()) }
-    }
+        $(#[$attr])*
+        impl Engine for $name {
+            unsafe fn read(_region: Region, addr: usize, dst: &mut [u8]) {
+                // SAFETY: `addr..+dst.len()` is live shared memory (caller contract), `dst` is
+                // ours; they cannot overlap (`dst` is an exclusive borrow), so a forward copy
+                // is exact.
+                unsafe { $copy(dst.as_mut_ptr().addr(), addr, dst.len()) }
+            }
 
-    unsafe fn write(_region: Region, addr: usize, src: &[u8]) {
-        // SAFETY: `addr..+src.len()` is live, writable shared memory (caller contract); `src`
-        // is a live borrow that shared memory cannot overlap without the caller breaking it.
-        unsafe { copy_bytes(addr, src.as_ptr().addr(), src.len()) }
-    }
+            unsafe fn write(_region: Region, addr: usize, src: &[u8]) {
+                // SAFETY: `addr..+src.len()` is live, writable shared memory (caller
+                // contract); `src` is a live borrow that shared memory cannot overlap without
+                // the caller breaking it.
+                unsafe { $copy(addr, src.as_ptr().addr(), src.len()) }
+            }
 
-    unsafe fn copy_forward(
-        _dst_region: Region,
-        dst: usize,
-        _src_region: Region,
-        src: usize,
-        len: usize,
-    ) {
-        // SAFETY: both spans are live (caller contract), and dst <= src or they are disjoint,
-        // which a forward copy handles (see `copy_bytes`).
-        unsafe { copy_bytes(dst, src, len) }
-    }
+            unsafe fn copy_forward(
+                _dst_region: Region,
+                dst: usize,
+                _src_region: Region,
+                src: usize,
+                len: usize,
+            ) {
+                // SAFETY: both spans are live (caller contract), and dst <= src or they are
+                // disjoint, which a forward copy handles.
+                unsafe { $copy(dst, src, len) }
+            }
+        }
+    };
 }
+
+forward_engine!(
+    /// Inline-assembly copies; see the module docs.
+    Asm,
+    copy_bytes
+);
 
 /// Copy `len` bytes from `src` to `dst`, front to back: as if, for each byte, a relaxed
 /// `AtomicU8` load from `src + i` then a relaxed `AtomicU8` store to `dst + i`. It moves blocks
@@ -151,30 +166,9 @@ unsafe fn copy_avx2(dst: usize, src: usize, len: usize) {
     }
 }
 
-/// The `rep movsb` path on its own, so the tests cover it on CPUs with AVX2 too.
-#[cfg(test)]
-pub(super) struct RepMovsb;
-
-#[cfg(test)]
-impl Engine for RepMovsb {
-    unsafe fn read(_region: Region, addr: usize, dst: &mut [u8]) {
-        // SAFETY: as in `Asm::read`.
-        unsafe { copy_rep_movsb(dst.as_mut_ptr().addr(), addr, dst.len()) }
-    }
-
-    unsafe fn write(_region: Region, addr: usize, src: &[u8]) {
-        // SAFETY: as in `Asm::write`.
-        unsafe { copy_rep_movsb(addr, src.as_ptr().addr(), src.len()) }
-    }
-
-    unsafe fn copy_forward(
-        _dst_region: Region,
-        dst: usize,
-        _src_region: Region,
-        src: usize,
-        len: usize,
-    ) {
-        // SAFETY: as in `Asm::copy_forward`.
-        unsafe { copy_rep_movsb(dst, src, len) }
-    }
-}
+forward_engine!(
+    /// The `rep movsb` path on its own, so the tests cover it on CPUs with AVX2 too.
+    #[cfg(test)]
+    RepMovsb,
+    copy_rep_movsb
+);
