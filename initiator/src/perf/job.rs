@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::io::{IoKind, IoQueue, NsTarget};
 use crate::queue::HostQueue;
 
+use super::in_flight::InFlightUnits;
 use super::report::JobResult;
 use super::verify;
 use super::workload::{Generator, Op, Pattern};
@@ -50,9 +51,9 @@ pub struct Job<Q: HostQueue> {
     spec: JobSpec,
     /// With --verify: the generation each unit holds (0 = unknown).
     generations: Vec<u64>,
-    /// Units with I/O in flight and, for writes, the generation they carry (at most the
-    /// queue depth entries, so a linear scan is cheaper than a per-unit table on big disks).
-    in_flight: Vec<(u64, u64)>,
+    /// Units with I/O in flight and, for writes, the generation they carry (a table sized by
+    /// the queue depth, not a per-unit table on big disks).
+    in_flight: InFlightUnits,
     next_generation: u64,
     stopping: bool,
     result: JobResult,
@@ -117,7 +118,7 @@ impl<Q: HostQueue> Job<Q> {
             } else {
                 Vec::new()
             },
-            in_flight: Vec::with_capacity(depth),
+            in_flight: InFlightUnits::new(depth),
             result: JobResult::new(ns.nsid),
             spec: JobSpec { depth, ..spec },
             queue,
@@ -222,10 +223,10 @@ impl<Q: HostQueue> Job<Q> {
         } = self;
         // Lazy: read data is copied out of the registered region only to be verified.
         let n = queue.poll_lazy(|c, mut data| {
-            let unit = c.token >> 1;
-            let carried = match in_flight.iter().position(|&(u, _)| u == unit) {
-                Some(i) => in_flight.swap_remove(i).1,
-                None => 0,
+            // The token names the I/O's slot in `in_flight`.
+            let Some((unit, carried)) = in_flight.take(c.token) else {
+                result.record_error(format!("{} completion of no I/O in flight", c.kind.name()));
+                return;
             };
             let lba = *first_lba + unit * blocks_per_io;
             let unit = unit as usize;
@@ -278,14 +279,11 @@ impl<Q: HostQueue> Job<Q> {
         let bs = self.ns.block_size as usize;
         while self.queue.in_flight() < self.spec.depth {
             let in_flight = &self.in_flight;
-            let Some((op, unit)) = self
-                .generator
-                .next(|u| in_flight.iter().any(|&(f, _)| f == u))
-            else {
+            let Some((op, unit)) = self.generator.next(|u| in_flight.contains(u)) else {
                 return;
             };
             let lba = self.first_lba + unit * u64::from(self.blocks_per_io);
-            let token = unit << 1 | u64::from(op == Op::Write);
+            let token = self.in_flight.next_slot();
             let mut generation = 0;
             let submitted = match op {
                 Op::Read => self
@@ -304,7 +302,7 @@ impl<Q: HostQueue> Job<Q> {
                 }
             };
             match submitted {
-                Ok(()) => self.in_flight.push((unit, generation)),
+                Ok(()) => self.in_flight.fill(unit, generation),
                 // Not an I/O: the job waits for a fresh queue (`replace_queue`) or the end.
                 Err(crate::Error::ConnectionLost(_)) => return,
                 Err(e) => {
