@@ -10,8 +10,9 @@
 //! `(qid - 1) % N`'s, the split `perf::runner` uses when it moves queues to reactors.
 //!
 //! Sizing ([`HostGroupConfig`]): fixed when the group is made (a poll group never grows):
-//! `requests` request objects (each with a 64-byte capsule buffer: in-capsule data goes out
-//! of the queue's registered region as a second SGE), `max_queue_depth` receive slots per
+//! `requests` request objects (each with a 64-byte capsule slot in the group's capsule region,
+//! by request index: no buffer taken from the poll group's pool per command; in-capsule data
+//! goes out of the queue's registered region as a second SGE), `max_queue_depth` receive slots per
 //! qpair, at most `max_queues` qpairs. A queue joins only if its depth fits the request
 //! objects not yet reserved by the others (so no queue ever meets a request shortage below
 //! its depth); a group that is full refuses the connect with a message naming the knob.
@@ -32,10 +33,15 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use nvmf_transport::pollgroup::{
     Handler, PollGroup, PollGroupConfig, QpairEvent, RecvMode, ReqId, WrKind,
 };
-use nvmf_transport::{Context, TransportError, WcStatus};
+use nvmf_transport::{Access, Context, Mr, Sge, TransportError, WcStatus};
+
+use nvmf_protocol::Sqe;
 
 use super::side::{HostCommand, Side};
 use crate::queue::{CompletionGroup, ConnectError};
+
+/// Bytes of a command capsule (the SQE; in-capsule data is a second SGE).
+const CAPSULE: usize = 64;
 
 /// Which reactor (host poll group) a queue belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -203,10 +209,27 @@ impl Handler<HostCommand> for Router {
     }
 }
 
+/// The group's capsule region: request `index`'s SQE at `CAPSULE * index`, local access only.
+pub(super) struct Capsules(Mr);
+
+impl Capsules {
+    /// Writes `sqe` into the slot of request `index`; the SGE of the slot. None: no slot of
+    /// that index (the poll group made more requests than it was sized for).
+    pub(super) fn write(&self, index: u32, sqe: &Sqe) -> Option<Sge> {
+        let at = index as usize * CAPSULE;
+        let mut capsule = [0u8; CAPSULE];
+        sqe.encode(&mut capsule);
+        self.0.write_at(at, &capsule).ok()?;
+        Some(self.0.sge(at, CAPSULE as u32))
+    }
+}
+
 /// One reactor's host poll group on one device (see the module documentation).
 pub(super) struct HostGroup {
     pub(super) pg: PollGroup<HostCommand>,
     pub(super) router: Router,
+    /// Each request's SQE (after `pg`: dropped once its QPs are).
+    pub(super) capsules: Capsules,
     /// CQ polls so far: a queue polls the CQ only when nobody did since its own last poll.
     pub(super) polls: u64,
     /// Request objects reserved by member queues, by token.
@@ -237,8 +260,14 @@ impl HostGroup {
                 recvs: cfg.max_queue_depth,
             },
         )?;
+        // What the poll group really has: it caps request objects to fit a small device CQ.
+        let capsules = pg.pd().alloc_mr(
+            (pg.config().max_requests as usize).max(1) * CAPSULE,
+            Access::LOCAL_WRITE,
+        )?;
         Ok(Self {
             pg,
+            capsules: Capsules(capsules),
             router: Router {
                 sides: Vec::new(),
                 // Each member listed at most once: no allocation on the fast path.

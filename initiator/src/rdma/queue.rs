@@ -33,7 +33,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use nvmf_protocol::{Cqe, SglDescriptor, Sqe};
-use nvmf_transport::pollgroup::{BufferGrant, ChainWr, QpairHandle};
+use nvmf_transport::pollgroup::{ChainWr, QpairHandle};
 use nvmf_transport::{Access, CmChannel, CmEventKind, Mr, SendOp, Sge, TransportError};
 
 use super::group::{GroupHandle, HostGroup, lock};
@@ -205,7 +205,12 @@ impl RdmaQueue {
         inline: Range<usize>,
     ) -> Result<(), Failed> {
         let token = self.token;
-        let HostGroup { pg, router, .. } = g;
+        let HostGroup {
+            pg,
+            router,
+            capsules,
+            ..
+        } = g;
         let Some(side) = router.side(token) else {
             return Err(Failed::left_group());
         };
@@ -228,14 +233,6 @@ impl RdmaQueue {
             Err(TransportError::QueueFull(_)) => return Err(QueueError::Full.into()),
             Err(e) => return Err(Failed::lose(side, format!("submit: {e}"))),
         };
-        match pg.alloc_buffers(req, 64) {
-            Ok(BufferGrant::Ready) => {}
-            Ok(BufferGrant::Waiting) | Err(_) => {
-                // A buffer per request object: only a broken group gets here.
-                pg.finish(req);
-                return Err(QueueError::Full.into());
-            }
-        }
         for range in [region.filter(|_| to_target), Some(inline.clone())]
             .into_iter()
             .flatten()
@@ -246,14 +243,11 @@ impl RdmaQueue {
                 return Err(QueueError::Invalid(format!("copy to the region: {e}")).into());
             }
         }
-        // Encoded in place (the request's buffer is 64 bytes: the group's io_unit_size).
-        match pg.buffer_mut(req, 0).first_chunk_mut::<64>() {
-            Some(capsule) => sqe.encode(capsule),
-            None => {
-                pg.finish(req);
-                return Err(QueueError::Full.into());
-            }
-        }
+        // Into the group's capsule slot of this request.
+        let Some(capsule) = capsules.write(req.index(), sqe) else {
+            pg.finish(req);
+            return Err(QueueError::Full.into());
+        };
         // A window named by the SGL is bound in the same chain, ahead of the SEND (after a
         // local invalidate when the target left its previous key valid).
         let window = match keyed
@@ -275,8 +269,7 @@ impl RdmaQueue {
                 window: window.as_ref().map(|(i, _)| *i),
             };
         }
-        let mut sge = [Sge::default(); 2];
-        pg.buffer_sges(req, 64, &mut sge[..1]);
+        let mut sge = [capsule, Sge::default()];
         let sges = if inline.is_empty() {
             &sge[..1]
         } else {
