@@ -323,7 +323,12 @@ impl RecvSlots {
             for &slot in &self.repost[start..start + done] {
                 self.state[slot as usize] = SlotState::Posted;
             }
-            self.repost.drain(start..start + done);
+            if done == n {
+                // The whole chunk (the tail of the list) went: no tail to move down.
+                self.repost.truncate(start);
+            } else {
+                self.repost.drain(start..start + done);
+            }
             self.posted += done as u32;
             result?;
         }
