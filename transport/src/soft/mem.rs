@@ -453,6 +453,9 @@ pub(crate) fn resolve_local<'a>(
 }
 
 /// [`resolve_local`] into a list the caller owns (the fast path: no move of the list).
+/// Inlined: each in-process WR runs it once or twice, and a call returned its result and
+/// spilled the caller's registers around a loop that is one SGE long.
+#[inline(always)]
 pub(crate) fn resolve_local_into<'a>(
     list: &mut SgList<'a>,
     table: &'a KeyTable,
