@@ -58,6 +58,7 @@ impl Src<'_, '_> {
             Src::Bytes(b) => b.len() as u64,
         }
     }
+    #[inline(always)]
     fn copy_to(&self, dst: &SgList<'_>) -> u64 {
         match self {
             Src::Sg(l) => mem::copy_sg(dst, l, l.total()),
@@ -87,7 +88,9 @@ fn access_violation(peer: &Arc<QpShared>) -> Outcome {
 }
 
 /// The responder side of an RDMA READ / WRITE: the QP grants `access` and `rkey` covers the
-/// range; else the responder goes to ERR and the requester gets REM_ACCESS_ERR.
+/// range; else the responder goes to ERR and the requester gets REM_ACCESS_ERR. Inlined (an
+/// RDMA WRITE or READ per NVMe transfer): as a call it returned the pinned range through memory.
+#[inline(always)]
 fn remote_range<'a>(
     peer: &'a Arc<QpShared>,
     rkey: u32,

@@ -474,6 +474,7 @@ pub(crate) fn resolve_local_into<'a>(
 
 /// Copy `len` bytes from the pinned source spans into the pinned destination spans (both
 /// walked in order). Returns the bytes copied: min(src, dst, len).
+#[inline]
 pub(crate) fn copy_sg(dst: &SgList<'_>, src: &SgList<'_>, len: u64) -> u64 {
     let mut d = dst.spans();
     let mut s = src.spans();
