@@ -575,6 +575,7 @@ impl NvmeHandler {
 
     /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
     /// down, after [`DISCONNECT_GRACE`] when the host sent Disconnect.
+    #[inline]
     fn check_disconnect(&mut self, key: usize) {
         let Some(slot) = self.queues.get_mut(key) else {
             return;

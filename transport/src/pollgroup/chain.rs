@@ -216,6 +216,7 @@ impl Chain {
     }
 
     /// A completion for `position` with `status`: WRs up to it are done.
+    #[inline]
     pub(crate) fn retire_through(&mut self, position: u8, status: WcStatus) -> Retired {
         if status != WcStatus::Success && self.status == WcStatus::Success {
             self.status = status;

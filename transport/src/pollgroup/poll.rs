@@ -295,6 +295,7 @@ impl<R: Default> PollGroup<R> {
     }
 
     /// WRs left `qref`'s send queue: room for whatever waits there.
+    #[inline]
     fn retired_on(&mut self, qref: QpRef, retired: Retired) {
         if let Some(q) = self.qpair_at_mut(qref) {
             q.release(retired.wrs, retired.reads);

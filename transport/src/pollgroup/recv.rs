@@ -184,6 +184,7 @@ impl RecvSlots {
     }
 
     /// Appends the SGEs of `slots` to `out` (in place: see [`recv_wrs_into`]).
+    #[inline]
     fn sges_into(&self, slots: &[u32], out: &mut ArrayVec<Sge, POST_CHUNK>) {
         for &slot in slots {
             out.push(self.sge(slot));

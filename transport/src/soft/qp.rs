@@ -472,6 +472,7 @@ impl QpShared {
         );
     }
 
+    #[inline]
     pub(crate) fn complete_recv(&self, wc: WorkCompletion, solicited: bool) {
         self.recv_cq.push(
             Cqe {
