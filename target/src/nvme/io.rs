@@ -81,6 +81,14 @@ impl ReactorIo {
         self.queues.insert(c)
     }
 
+    /// Whether bdev `index` has a channel on this reactor, opened on first use. The open one
+    /// is checked inline (every I/O asks); opening is the call.
+    #[inline]
+    fn has_channel(&mut self, index: usize) -> bool {
+        matches!(self.channels.get(index), Some(Some(_))) || self.channel(index).is_some()
+    }
+
+    #[cold]
     fn channel(&mut self, index: usize) -> Option<&mut Box<dyn BdevChannel>> {
         if self.channels.len() <= index {
             self.channels.resize_with(index + 1, || None);
@@ -149,7 +157,7 @@ impl ReactorIo {
     ) -> bool {
         // A reactor that never wrote through this device still flushes it: other reactors'
         // writes reach the same file, and a flush on any descriptor covers them.
-        if self.channel(index).is_none() {
+        if !self.has_channel(index) {
             return false;
         }
         let slot = self.in_flight.vacant_entry();
@@ -249,7 +257,7 @@ impl Queue {
         let Some(ns) = self.namespace(c, sqe.nsid) else {
             return Exec::Done(self.error(sqe, INVALID_NAMESPACE));
         };
-        if io.channel(ns.bdev_index).is_none() {
+        if !io.has_channel(ns.bdev_index) {
             return Exec::Done(self.error(sqe, INTERNAL_ERROR));
         }
         let (sqid, sqhd, queue_slot) = (self.sqid(), self.sqhd, self.counters_slot());

@@ -302,16 +302,17 @@ impl NvmeHandler {
         // piece, one WR and the SEND; the full-size arrays were kilobytes to initialise).
         let mut units = ArrayVec::<Sge, MAX_REQUEST_BUFFERS>::new();
         pg.buffer_sges_into(req, length, &mut units);
-        let lengths: ArrayVec<u32, { xfer::MAX_KEYED }> = keyed
-            .iter()
-            .take(xfer::MAX_KEYED)
-            .map(|k| k.length)
-            .collect();
         // Room for the response SEND and its SGE is kept in every chain.
         let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
         let mut cuts = ArrayVec::<sges::Cut, { MAX_CHAIN_WRS - 1 }>::new();
-        let end = sges::next_chain(&units, &lengths, from, &mut pieces, &mut cuts)
-            .ok_or("the data buffers do not cover the transfer")?;
+        let end = sges::next_chain(
+            &units,
+            keyed.iter().map(|k| k.length),
+            from,
+            &mut pieces,
+            &mut cuts,
+        )
+        .ok_or("the data buffers do not cover the transfer")?;
         let send_sge = [send.map_or(Sge::default(), |(_, sge)| sge)];
         let mut chain = ArrayVec::<ChainWr, MAX_CHAIN_WRS>::new();
         for cut in &cuts {
@@ -574,6 +575,7 @@ impl NvmeHandler {
 
     /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
     /// down, after [`DISCONNECT_GRACE`] when the host sent Disconnect.
+    #[inline]
     fn check_disconnect(&mut self, key: usize) {
         let Some(slot) = self.queues.get_mut(key) else {
             return;

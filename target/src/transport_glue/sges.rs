@@ -52,20 +52,21 @@ fn slice<const P: usize>(
 }
 
 /// The next chain of a transfer over `units` to or from the keyed descriptors of lengths
-/// `keyed` (back to back in transfer order), starting at transfer byte `from`: appended to
+/// `keyed` (back to back in transfer order; an iterator, so the caller's descriptors are read
+/// in place, not collected into a list per chain), starting at transfer byte `from`: appended to
 /// `wrs` and `pieces` (their capacities bound the chain; nothing is initialised first), each
 /// work request at most MAX_WR_SGES. Returns the transfer byte it stops at; None when `units`
 /// do not cover the descriptors.
 pub fn next_chain<const P: usize, const W: usize>(
     units: &[Sge],
-    keyed: &[u32],
+    keyed: impl IntoIterator<Item = u32>,
     from: u32,
     pieces: &mut ArrayVec<Sge, P>,
     wrs: &mut ArrayVec<Cut, W>,
 ) -> Option<u32> {
     let mut pos = from;
     let mut start = 0u32;
-    for (k, &len) in keyed.iter().enumerate() {
+    for (k, len) in keyed.into_iter().enumerate() {
         let end = start + len;
         while pos < end {
             if wrs.is_full() || pieces.is_full() {
@@ -116,7 +117,8 @@ mod tests {
         while from < total {
             let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
             let mut wrs = ArrayVec::<Cut, { MAX_CHAIN_WRS - 1 }>::new();
-            let end = next_chain(units, keyed, from, &mut pieces, &mut wrs).unwrap();
+            let end =
+                next_chain(units, keyed.iter().copied(), from, &mut pieces, &mut wrs).unwrap();
             let (nw, ns) = (wrs.len(), pieces.len());
             assert!(end > from, "progress");
             assert!(
@@ -153,7 +155,7 @@ mod tests {
         let mut pieces = ArrayVec::<Sge, 4>::new();
         let mut wrs = ArrayVec::<Cut, 4>::new();
         // Two 6 KiB descriptors: the second is 2 KiB of unit 1 and 4 KiB of unit 2.
-        let end = next_chain(&u, &[6144, 6144], 0, &mut pieces, &mut wrs).unwrap();
+        let end = next_chain(&u, [6144, 6144], 0, &mut pieces, &mut wrs).unwrap();
         assert_eq!((wrs.len(), pieces.len(), end), (2, 4, 12288));
         assert_eq!(wrs[1].sges, (2, 4));
         assert_eq!((pieces[2].addr, pieces[2].length), (0x20000 + 2048, 2048));
@@ -161,7 +163,7 @@ mod tests {
         // Past the buffers.
         pieces.clear();
         wrs.clear();
-        assert_eq!(next_chain(&u, &[16384], 0, &mut pieces, &mut wrs), None);
+        assert_eq!(next_chain(&u, [16384], 0, &mut pieces, &mut wrs), None);
     }
 
     #[test]
@@ -170,7 +172,7 @@ mod tests {
         let u = units(32);
         let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
         let mut wrs = ArrayVec::<Cut, { MAX_CHAIN_WRS - 1 }>::new();
-        let end = next_chain(&u, &[131072], 0, &mut pieces, &mut wrs).unwrap();
+        let end = next_chain(&u, [131072], 0, &mut pieces, &mut wrs).unwrap();
         assert_eq!(wrs.len(), 2);
         assert_eq!(wrs[1].remote_offset, 16 * 4096);
         assert!(end < 131072, "31 SGEs leave one unit for the next chain");

@@ -93,21 +93,28 @@ impl Chain {
         }
     }
 
-    /// Writes a new chain; the last WR is signaled, the others are not.
+    /// Writes a new chain; the last WR is signaled, the others are not. Checked whole before
+    /// anything is written (a refused chain leaves the old one as it was); then one pass
+    /// writes it (it runs once or twice per NVMe I/O).
     pub(crate) fn set(&mut self, chain: &[ChainWr<'_>], max_inline: u32) -> Result<()> {
         let bad = |m: String| Err(TransportError::InvalidArgument(m));
         if chain.is_empty() || chain.len() > MAX_CHAIN_WRS {
             return bad(format!("a chain has 1..={MAX_CHAIN_WRS} work requests"));
         }
-        let total: usize = chain.iter().map(|w| w.sges.len()).sum();
-        if total > MAX_CHAIN_SGES || chain.iter().any(|w| w.sges.len() > MAX_WR_SGES) {
+        let mut total = 0usize;
+        let mut widest = 0usize;
+        for wr in chain {
+            total += wr.sges.len();
+            widest = widest.max(wr.sges.len());
+        }
+        if total > MAX_CHAIN_SGES || widest > MAX_WR_SGES {
             return bad(format!(
                 "a chain holds at most {MAX_CHAIN_SGES} SGEs, {MAX_WR_SGES} per work request"
             ));
         }
         let mut at = 0usize;
         let mut reads = 0u8;
-        for (i, wr) in chain.iter().enumerate() {
+        for (i, (wr, entry)) in chain.iter().zip(self.wrs.iter_mut()).enumerate() {
             let kind = kind_of(&wr.op);
             reads += (kind == WrKind::Read) as u8;
             let mut flags = if i + 1 == chain.len() {
@@ -115,12 +122,17 @@ impl Chain {
             } else {
                 SendFlags::empty()
             };
-            let payload: u64 = wr.sges.iter().map(|s| s.length as u64).sum();
-            if wr.inline && kind != WrKind::Read && payload <= max_inline as u64 {
+            // The payload is summed only for a WR that may go inline (the response SEND).
+            if wr.inline
+                && kind != WrKind::Read
+                && wr.sges.iter().map(|s| s.length as u64).sum::<u64>() <= max_inline as u64
+            {
                 flags |= SendFlags::INLINE;
             }
-            self.sges[at..at + wr.sges.len()].copy_from_slice(wr.sges);
-            self.wrs[i] = Entry {
+            for (slot, sge) in self.sges[at..].iter_mut().zip(wr.sges) {
+                *slot = *sge;
+            }
+            *entry = Entry {
                 kind,
                 op: wr.op,
                 flags,
@@ -204,6 +216,7 @@ impl Chain {
     }
 
     /// A completion for `position` with `status`: WRs up to it are done.
+    #[inline]
     pub(crate) fn retire_through(&mut self, position: u8, status: WcStatus) -> Retired {
         if status != WcStatus::Success && self.status == WcStatus::Success {
             self.status = status;

@@ -295,6 +295,7 @@ impl<R: Default> PollGroup<R> {
     }
 
     /// WRs left `qref`'s send queue: room for whatever waits there.
+    #[inline]
     fn retired_on(&mut self, qref: QpRef, retired: Retired) {
         if let Some(q) = self.qpair_at_mut(qref) {
             q.release(retired.wrs, retired.reads);
@@ -384,21 +385,29 @@ impl<R: Default> PollGroup<R> {
 
     fn post_to_qp<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef) {
         loop {
-            // Only the entries used are written (the loop ends with a pass that finds nothing).
+            // Only the entries used are written.
             let mut batch = ArrayVec::<u32, POST_WRS>::new();
             let mut wrs_in_batch = 0u32;
+            // The FIFO emptied into this batch: no pass after it (nothing below adds to it).
+            let emptied;
             {
                 let Some(q) = self.qpairs.get_mut(qref.index as usize) else {
                     return;
                 };
-                while let Some(index) = q.to_post.front() {
+                loop {
+                    let Some(index) = q.to_post.front() else {
+                        emptied = true;
+                        break;
+                    };
                     let chain = &self.chains[index as usize];
                     let (n, reads) = (chain.len(), chain.reads());
                     if !q.has_room(n, reads) {
                         self.stats.post_stalls += 1;
+                        emptied = false;
                         break;
                     }
                     if wrs_in_batch + n > POST_WRS as u32 {
+                        emptied = false;
                         break;
                     }
                     q.to_post.pop_front(&mut self.req_links);
@@ -447,6 +456,9 @@ impl<R: Default> PollGroup<R> {
             };
             if let Err((failed_index, error)) = result {
                 self.post_failed(h, qref, &batch, failed_index, error);
+                return;
+            }
+            if emptied {
                 return;
             }
         }

@@ -184,6 +184,7 @@ impl RecvSlots {
     }
 
     /// Appends the SGEs of `slots` to `out` (in place: see [`recv_wrs_into`]).
+    #[inline]
     fn sges_into(&self, slots: &[u32], out: &mut ArrayVec<Sge, POST_CHUNK>) {
         for &slot in slots {
             out.push(self.sge(slot));
@@ -323,7 +324,12 @@ impl RecvSlots {
             for &slot in &self.repost[start..start + done] {
                 self.state[slot as usize] = SlotState::Posted;
             }
-            self.repost.drain(start..start + done);
+            if done == n {
+                // The whole chunk (the tail of the list) went: no tail to move down.
+                self.repost.truncate(start);
+            } else {
+                self.repost.drain(start..start + done);
+            }
             self.posted += done as u32;
             result?;
         }

@@ -442,7 +442,14 @@ impl<R> PollGroup<R> {
     /// one already in flight, or an aborted request.
     pub fn post_chain(&mut self, req: ReqId, chain: &[ChainWr<'_>], answers: bool) -> Result<()> {
         let max_inline = self.max_inline;
-        let r = self.live(req)?;
+        // One lookup for the checks and the update (fields borrowed apart: the chain and the
+        // buffers are written in between).
+        let live = self.req_generation.get(req.index as usize) == Some(&req.generation);
+        let Some(r) = self.reqs.get_mut(req.index as usize).filter(|_| live) else {
+            return Err(TransportError::InvalidArgument(format!(
+                "no request {req:?}"
+            )));
+        };
         if r.aborted {
             return Err(TransportError::InvalidArgument(format!(
                 "{req:?} was aborted: its qpair is gone"
@@ -468,7 +475,6 @@ impl<R> PollGroup<R> {
                 }
             }
         }
-        let r = self.live(req)?;
         r.answers = answers;
         r.state = RequestState::WaitingToPost;
         let qref = r.qpair;

@@ -58,6 +58,7 @@ impl Src<'_, '_> {
             Src::Bytes(b) => b.len() as u64,
         }
     }
+    #[inline(always)]
     fn copy_to(&self, dst: &SgList<'_>) -> u64 {
         match self {
             Src::Sg(l) => mem::copy_sg(dst, l, l.total()),
@@ -87,7 +88,9 @@ fn access_violation(peer: &Arc<QpShared>) -> Outcome {
 }
 
 /// The responder side of an RDMA READ / WRITE: the QP grants `access` and `rkey` covers the
-/// range; else the responder goes to ERR and the requester gets REM_ACCESS_ERR.
+/// range; else the responder goes to ERR and the requester gets REM_ACCESS_ERR. Inlined (an
+/// RDMA WRITE or READ per NVMe transfer): as a call it returned the pinned range through memory.
+#[inline(always)]
 fn remote_range<'a>(
     peer: &'a Arc<QpShared>,
     rkey: u32,
@@ -127,23 +130,17 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
         return o;
     }
     let len = src.len();
-    match wr.op {
-        SendOp::Send => deliver(req, peer, &src, wr, None, None, WcOpcode::Recv, None),
-        SendOp::SendWithImm { imm } => {
-            deliver(req, peer, &src, wr, Some(imm), None, WcOpcode::Recv, None)
-        }
-        SendOp::SendWithInv { rkey } => {
-            deliver(req, peer, &src, wr, None, Some(rkey), WcOpcode::Recv, None)
-        }
+    // The messages that consume a receive share one (inlined) delivery: (imm, inv, opcode,
+    // write) per kind.
+    let (imm, inv, opcode, write) = match wr.op {
+        SendOp::Send => (None, None, WcOpcode::Recv, None),
+        SendOp::SendWithImm { imm } => (Some(imm), None, WcOpcode::Recv, None),
+        SendOp::SendWithInv { rkey } => (None, Some(rkey), WcOpcode::Recv, None),
         SendOp::RdmaWriteWithImm {
             remote_addr,
             rkey,
             imm,
-        } => deliver(
-            req,
-            peer,
-            &src,
-            wr,
+        } => (
             Some(imm),
             None,
             WcOpcode::RecvRdmaWithImm,
@@ -160,9 +157,9 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
             let mut dst = SgList::new();
             dst.push(r);
             src.copy_to(&dst);
-            Outcome::Done {
+            return Outcome::Done {
                 byte_len: len as u32,
-            }
+            };
         }
         SendOp::RdmaRead { remote_addr, rkey } => {
             let Src::Sg(local) = src else {
@@ -178,20 +175,26 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
             let mut remote = SgList::new();
             remote.push(r);
             mem::copy_sg(local, &remote, len);
-            Outcome::Done {
+            return Outcome::Done {
                 byte_len: len as u32,
-            }
+            };
         }
         // Local operations never reach the peer: the send queue runs them itself.
-        SendOp::LocalInv { .. } | SendOp::BindMw { .. } => match req.execute_local(&wr.op) {
-            Ok(()) => Outcome::Done { byte_len: 0 },
-            Err(status) => Outcome::Fail(status),
-        },
-    }
+        SendOp::LocalInv { .. } | SendOp::BindMw { .. } => {
+            return match req.execute_local(&wr.op) {
+                Ok(()) => Outcome::Done { byte_len: 0 },
+                Err(status) => Outcome::Fail(status),
+            };
+        }
+    };
+    deliver(req, peer, &src, wr, imm, inv, opcode, write)
 }
 
 /// A message that consumes a receive at the responder (SEND*, RDMA WRITE with immediate).
+/// Inlined, as `deliver_inner` (one call site each): as calls they passed eight arguments
+/// through memory per SEND.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn deliver(
     req: &QpShared,
     peer: &Arc<QpShared>,
@@ -206,6 +209,7 @@ fn deliver(
 }
 
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn deliver_inner(
     req: &QpShared,
     peer: &Arc<QpShared>,

@@ -95,6 +95,7 @@ impl Drop for KeyRef<'_> {
 }
 
 /// Take an in-flight reference on `slot` if it is VALID with `generation`.
+#[inline(always)]
 fn pin(slot: &KeySlot, generation: u64) -> bool {
     let mut cur = slot.state.load(Ordering::Acquire);
     loop {
@@ -158,6 +159,7 @@ impl KeyTable {
         }
     }
 
+    #[inline(always)]
     fn slot(&self, index: u32) -> Option<&KeySlot> {
         let chunk = self.chunks.get((index >> CHUNK_BITS) as usize)?.get()?;
         chunk.get(index as usize & (CHUNK - 1))
@@ -299,7 +301,9 @@ impl KeyTable {
             .push(index);
     }
 
-    /// Pin `key`'s region for `addr..addr+len` with `need` access. Never blocks.
+    /// Pin `key`'s region for `addr..addr+len` with `need` access. Never blocks. Inlined: it
+    /// runs 2-4 times per NVMe I/O, and a call returned the guard through memory.
+    #[inline(always)]
     pub(crate) fn lookup(
         &self,
         key: u32,
@@ -449,6 +453,9 @@ pub(crate) fn resolve_local<'a>(
 }
 
 /// [`resolve_local`] into a list the caller owns (the fast path: no move of the list).
+/// Inlined: each in-process WR runs it once or twice, and a call returned its result and
+/// spilled the caller's registers around a loop that is one SGE long.
+#[inline(always)]
 pub(crate) fn resolve_local_into<'a>(
     list: &mut SgList<'a>,
     table: &'a KeyTable,
@@ -467,6 +474,7 @@ pub(crate) fn resolve_local_into<'a>(
 
 /// Copy `len` bytes from the pinned source spans into the pinned destination spans (both
 /// walked in order). Returns the bytes copied: min(src, dst, len).
+#[inline]
 pub(crate) fn copy_sg(dst: &SgList<'_>, src: &SgList<'_>, len: u64) -> u64 {
     let mut d = dst.spans();
     let mut s = src.spans();

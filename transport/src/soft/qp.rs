@@ -430,6 +430,9 @@ impl QpShared {
         self.srq.as_ref().map_or(self.pd, |s| s.pd)
     }
 
+    /// A send WR is done: its completion, unless it succeeded unsignaled. The check is inlined
+    /// at the call (an NVMe read's RDMA WRITE is unsignaled: no call for it).
+    #[inline(always)]
     pub(crate) fn complete_send(
         &self,
         seq: u64,
@@ -442,6 +445,17 @@ impl QpShared {
         if status == WcStatus::Success && !signaled {
             return;
         }
+        self.push_send_completion(seq, wr_id, op, status, byte_len);
+    }
+
+    fn push_send_completion(
+        &self,
+        seq: u64,
+        wr_id: u64,
+        op: &SendOp,
+        status: WcStatus,
+        byte_len: u32,
+    ) {
         self.send_cq.push(
             Cqe {
                 wc: WorkCompletion {
@@ -458,6 +472,7 @@ impl QpShared {
         );
     }
 
+    #[inline]
     pub(crate) fn complete_recv(&self, wc: WorkCompletion, solicited: bool) {
         self.recv_cq.push(
             Cqe {

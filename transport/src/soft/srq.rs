@@ -64,6 +64,7 @@ impl RecvQueue {
     }
 
     /// Post `wr` (its SGEs within the queue's max, checked by the caller); false when full.
+    #[inline]
     pub(crate) fn push(&self, wr: &RecvWr<'_>) -> bool {
         match &self.0 {
             Entries::One(q) => q.push(RecvEntry::new(wr)).is_ok(),
