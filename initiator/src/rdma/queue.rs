@@ -32,8 +32,7 @@
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use nvmf_protocol::sgl::{sgl_subtype, sgl_type};
-use nvmf_protocol::{Cqe, Sqe};
+use nvmf_protocol::{Cqe, SglDescriptor, Sqe};
 use nvmf_transport::pollgroup::{ChainWr, QpairHandle};
 use nvmf_transport::{Access, CmChannel, CmEventKind, Mr, SendOp, Sge, TransportError};
 
@@ -379,46 +378,16 @@ impl From<QueueError> for Failed {
 type KeyedSgl = (u64, usize, u32);
 
 /// SGL1 when it is a keyed data block with data (None: no region data for this command).
-/// Read straight from DPTR's bytes (NVMe base spec, SGL descriptor: address 0..8, length
-/// 8..11, key 11..15, identifier 15 with the type in bits 7:4) rather than decoded into a
-/// whole `SglDescriptor` per command: only the keyed data block matters here.
 fn keyed_sgl(sqe: &Sqe) -> Option<KeyedSgl> {
-    let d = &sqe.dptr;
-    let keyed = d[15] >> 4 == sgl_type::KEYED_DATA_BLOCK
-        && matches!(
-            d[15] & 0xF,
-            sgl_subtype::ADDRESS | sgl_subtype::INVALIDATE_KEY
-        );
-    if !keyed {
-        return None;
-    }
-    let [
-        a0,
-        a1,
-        a2,
-        a3,
-        a4,
-        a5,
-        a6,
-        a7,
-        l0,
-        l1,
-        l2,
-        k0,
-        k1,
-        k2,
-        k3,
-        _,
-    ] = *d;
-    let length = u32::from_le_bytes([l0, l1, l2, 0]) as usize;
-    let key = u32::from_le_bytes([k0, k1, k2, k3]);
-    (length > 0).then(|| {
-        (
-            u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
+    match sqe.sgl1() {
+        Ok(SglDescriptor::KeyedDataBlock {
+            address,
             length,
             key,
-        )
-    })
+            ..
+        }) if length.get() > 0 => Some((address, length.get() as usize, key)),
+        _ => None,
+    }
 }
 
 /// Which ways a command's data moves: (host to target, target to host), from the opcode's
@@ -604,56 +573,6 @@ impl Drop for RdmaQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keyed_sgl_reads_what_the_descriptor_decodes_to() {
-        use nvmf_protocol::SglDescriptor;
-        let decoded = |sqe: &Sqe| match sqe.sgl1() {
-            Ok(SglDescriptor::KeyedDataBlock {
-                address,
-                length,
-                key,
-                ..
-            }) if length.get() > 0 => Some((address, length.get() as usize, key)),
-            _ => None,
-        };
-        let keyed = |invalidate| {
-            SglDescriptor::keyed(0x1122_3344_5566_7788, 0xAB_CDEF, 0x99AA_BBCC, invalidate)
-        };
-        let sgls = [
-            keyed(false).unwrap(),
-            keyed(true).unwrap(),
-            SglDescriptor::keyed(0x1000, 0, 7, false).unwrap(),
-            SglDescriptor::NULL,
-            SglDescriptor::DataBlockOffset {
-                offset: 0,
-                length: 4096,
-            },
-            SglDescriptor::DataBlock {
-                address: 0x1000,
-                length: 512,
-            },
-        ];
-        for sgl in sgls {
-            let mut sqe = Sqe::new(0x02, 1, 1);
-            sqe.set_sgl1(sgl);
-            assert_eq!(keyed_sgl(&sqe), decoded(&sqe), "{sgl:?}");
-        }
-        assert_eq!(
-            keyed_sgl(&{
-                let mut sqe = Sqe::new(0x02, 1, 1);
-                sqe.set_sgl1(keyed(false).unwrap());
-                sqe
-            }),
-            Some((0x1122_3344_5566_7788, 0xAB_CDEF, 0x99AA_BBCC))
-        );
-        // A keyed data block of a subtype that does not decode names no region data.
-        let mut sqe = Sqe::new(0x02, 1, 1);
-        sqe.set_sgl1(keyed(false).unwrap());
-        sqe.dptr[15] = 0x41;
-        assert_eq!(keyed_sgl(&sqe), None);
-        assert_eq!(decoded(&sqe), None);
-    }
 
     #[test]
     fn data_directions_follow_the_opcode() {
