@@ -98,24 +98,11 @@ pub(super) struct Router {
     /// Tokens of the sides listed for [`HostGroup::poll_ready`] (each side at most once while
     /// its `listed` is set; a token whose side left may linger until the next `poll_ready`).
     listed: Vec<u64>,
-    /// The token of a response's qpair without a second tree lookup (the poll group did one):
-    /// slot `qp_num & (len - 1)` holds the token of the last qpair bound there. Only a hint:
-    /// taken when that token's side has that qp_num, else the poll group is asked.
-    token_by_qp: Vec<u64>,
 }
 
 impl Router {
     pub(super) fn side(&mut self, token: u64) -> Option<&mut Side> {
         self.sides.get_mut(token as usize).and_then(Option::as_mut)
-    }
-
-    /// The token of the queue whose qpair is `qp_num` (see `token_by_qp`).
-    fn token_of(&self, pg: &PollGroup<HostCommand>, qp_num: u32) -> Option<u64> {
-        let hint = self.token_by_qp[qp_num as usize & (self.token_by_qp.len() - 1)];
-        match self.sides.get(hint as usize) {
-            Some(Some(side)) if side.qp_num == Some(qp_num) => Some(hint),
-            _ => pg.qpair_token(qp_num),
-        }
     }
 
     /// Lists the side of `token` for `poll_ready` if it has something to report and is not
@@ -177,14 +164,19 @@ impl Handler<HostCommand> for Router {
     }
     fn buffers_ready(&mut self, _: &mut PollGroup<HostCommand>, _: ReqId) {}
 
-    fn response(&mut self, pg: &mut PollGroup<HostCommand>, qp_num: u32, capsule: &[u8]) {
-        let token = self.token_of(pg, qp_num);
-        match token.and_then(|t| self.side(t)) {
+    fn response(
+        &mut self,
+        pg: &mut PollGroup<HostCommand>,
+        qp_num: u32,
+        token: u64,
+        capsule: &[u8],
+    ) {
+        match self.side(token) {
             Some(side) => {
                 side.response(pg, capsule);
                 // A malformed response loses the queue: its owner must hear of it.
                 if side.lost.is_some() {
-                    self.note(token.unwrap_or_default());
+                    self.note(token);
                 }
             }
             None => tracing::warn!(qp_num, "response for a qpair of no queue"),
@@ -272,8 +264,6 @@ impl HostGroup {
                 sides: Vec::new(),
                 // Each member listed at most once: no allocation on the fast path.
                 listed: Vec::with_capacity(cfg.max_queues as usize),
-                // Twice the members, a power of two: sequential qp_nums never share a slot.
-                token_by_qp: vec![u64::MAX; (cfg.max_queues as usize * 2).next_power_of_two()],
             },
             polls: 0,
             reserved: Vec::new(),
@@ -311,16 +301,6 @@ impl HostGroup {
         self.router.sides[token] = Some(side);
         self.reserved[token] = depth;
         Ok(token as u64)
-    }
-
-    /// The queue of `token` has its qpair `qp_num` (responses on `qp_num` are its).
-    pub(super) fn bind_qpair(&mut self, token: u64, qp_num: u32) {
-        if let Some(side) = self.router.side(token) {
-            side.qp_num = Some(qp_num);
-            let slots = &mut self.router.token_by_qp;
-            let mask = slots.len() - 1;
-            slots[qp_num as usize & mask] = token;
-        }
     }
 
     /// The queue of `token` is gone: its side and reservation go.

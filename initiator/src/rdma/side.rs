@@ -45,8 +45,6 @@ pub(super) struct Side {
     /// Listed in the group's router for `poll_ready` (has something to report).
     pub(super) listed: bool,
     pub(super) qid: u16,
-    /// The queue's qpair, once added to the group.
-    pub(super) qp_num: Option<u32>,
     /// Memory windows for per-I/O keys: made at the first `bind_window`; None inside when the
     /// device has none.
     pub(super) windows: Option<Option<Windows>>,
@@ -62,7 +60,6 @@ impl Side {
             gone: false,
             listed: false,
             qid,
-            qp_num: None,
             windows: None,
         }
     }

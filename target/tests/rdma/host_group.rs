@@ -34,7 +34,7 @@ impl Handler<()> for Initiator {
         pg.finish(req);
     }
     fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
-    fn response(&mut self, pg: &mut PollGroup<()>, _qp_num: u32, capsule: &[u8]) {
+    fn response(&mut self, pg: &mut PollGroup<()>, _qp_num: u32, _token: u64, capsule: &[u8]) {
         assert_eq!(&capsule[..16], &[0x5a; 16]);
         self.responses += 1;
         let req = self.in_flight.expect("a command in flight");

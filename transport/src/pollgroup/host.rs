@@ -113,15 +113,22 @@ impl<R: Default> PollGroup<R> {
         self.response_invalidated
     }
 
-    /// A response capsule in `slot` on `qp_num`: up to the initiator, then the slot goes back.
-    pub(crate) fn on_response<H: Handler<R>>(&mut self, h: &mut H, qp_num: u32, slot: u32) {
+    /// A response capsule in `slot` on `qp_num` (the qpair of `token`): up to the initiator,
+    /// then the slot goes back.
+    pub(crate) fn on_response<H: Handler<R>>(
+        &mut self,
+        h: &mut H,
+        qp_num: u32,
+        token: u64,
+        slot: u32,
+    ) {
         // The handler reads the bytes during the call; the slot is not re-posted before.
         let mut copy = [0u8; 64];
         let bytes = self.recv.bytes(slot);
         let n = bytes.len().min(copy.len());
         copy[..n].copy_from_slice(&bytes[..n]);
         self.recv.release(slot);
-        h.response(self, qp_num, &copy[..n]);
+        h.response(self, qp_num, token, &copy[..n]);
     }
 
     /// Host requests completed by `response_received` during this poll.

@@ -187,10 +187,10 @@ impl<R: Default> PollGroup<R> {
             }
             QpairPhase::Connecting | QpairPhase::Active if self.role == super::Role::Host => {
                 q.phase = QpairPhase::Active;
-                let qp_num = q.qp_num;
+                let (qp_num, token) = (q.qp_num, q.token);
                 self.stats.capsules += 1;
                 self.response_invalidated = wc.invalidated_rkey;
-                self.on_response(h, qp_num, slot);
+                self.on_response(h, qp_num, token, slot);
                 self.response_invalidated = None;
             }
             QpairPhase::Connecting | QpairPhase::Active => {
@@ -624,7 +624,7 @@ mod tests {
         fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
         fn aborted(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
         fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
-        fn response(&mut self, pg: &mut PollGroup<()>, _: u32, _: &[u8]) {
+        fn response(&mut self, pg: &mut PollGroup<()>, _: u32, _: u64, _: &[u8]) {
             pg.response_received(self.in_flight.unwrap()).unwrap();
         }
         fn request_complete(&mut self, pg: &mut PollGroup<()>, req: ReqId, s: WcStatus) {

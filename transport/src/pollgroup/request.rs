@@ -139,10 +139,10 @@ pub trait Handler<R> {
     fn aborted(&mut self, pg: &mut PollGroup<R>, req: ReqId);
     /// The buffers `req` waited for are its own now.
     fn buffers_ready(&mut self, pg: &mut PollGroup<R>, req: ReqId);
-    /// Host side: a capsule (a response: the 16-byte CQE first) arrived on `qp_num`. The
-    /// initiator matches its CID and calls `pg.response_received(req)`; the bytes are valid
-    /// during this call only.
-    fn response(&mut self, _pg: &mut PollGroup<R>, qp_num: u32, capsule: &[u8]) {
+    /// Host side: a capsule (a response: the 16-byte CQE first) arrived on `qp_num`, the
+    /// qpair added with `token`. The initiator matches its CID and calls
+    /// `pg.response_received(req)`; the bytes are valid during this call only.
+    fn response(&mut self, _pg: &mut PollGroup<R>, qp_num: u32, _token: u64, capsule: &[u8]) {
         tracing::warn!(
             qp_num,
             len = capsule.len(),

@@ -32,7 +32,7 @@ impl Handler<()> for Initiator {
         pg.finish(req);
     }
     fn buffers_ready(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
-    fn response(&mut self, pg: &mut PollGroup<()>, _qp_num: u32, capsule: &[u8]) {
+    fn response(&mut self, pg: &mut PollGroup<()>, _qp_num: u32, _token: u64, capsule: &[u8]) {
         let seq = u32::from_le_bytes(capsule[..4].try_into().unwrap());
         let req = self
             .by_seq
