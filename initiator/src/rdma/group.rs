@@ -238,10 +238,11 @@ impl HostGroup {
             max_queue_depth: cfg.max_queue_depth,
             // Host receive slots take 16-byte responses only.
             in_capsule_data_size: 0,
-            // A request's buffer holds the SQE; in-capsule data is a second SGE over the
-            // queue's region.
+            // The host takes no data buffers from the group: a request's SQE is in the
+            // group's capsule region (`Capsules`), its in-capsule data a second SGE over the
+            // queue's region. One unit because the pool cannot be empty.
             io_unit_size: 64,
-            data_buffers: cfg.requests,
+            data_buffers: 1,
             max_requests: cfg.requests,
             ..PollGroupConfig::default()
         };
