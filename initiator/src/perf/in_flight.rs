@@ -154,6 +154,15 @@ mod tests {
                     assert_eq!(t.take(slot), None, "taken once");
                 }
             }
+            // The bucket counts follow the units: none left once every I/O is taken (a count
+            // that only grew would still answer right, by scanning every time).
+            for (slot, unit, generation) in model.drain(..) {
+                assert_eq!(t.take(slot), Some((unit, generation)));
+            }
+            assert!(
+                t.busy.iter().all(|&c| c == 0),
+                "depth {depth}: bucket counts drifted"
+            );
         }
     }
 
