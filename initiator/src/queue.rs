@@ -145,6 +145,18 @@ pub trait HostQueue: Send {
     fn poll_lazy(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {
         self.poll(out)
     }
+    /// As [`HostQueue::submit`], but the command's outgoing data (keyed SGL or in-capsule) is
+    /// whatever the registered region holds, not brought there from the host view: for a
+    /// consumer to whom the bytes written do not matter (nvmf-perf without --verify), which
+    /// then pays no copy. By default the same as `submit` (where the host view is the memory
+    /// the target reads, the loopback, there is nothing to skip).
+    fn submit_lazy(
+        &mut self,
+        sqe: &Sqe,
+        in_capsule: Option<Range<usize>>,
+    ) -> Result<(), QueueError> {
+        self.submit(sqe, in_capsule)
+    }
     /// Makes the host view of `range` hold what the target wrote there, for a command reaped
     /// by [`HostQueue::poll_lazy`] whose range nothing has reused since. A no-op where the
     /// host view is the memory the target writes (the loopback).

@@ -343,13 +343,21 @@ impl<Q: HostQueue> IoQueue<Q> {
         self.cids.allocate(pending).ok_or(Error::QueueFull)
     }
 
+    /// `lazy`: the queue sends what its registered region holds for the command's outgoing
+    /// data ([`HostQueue::submit_lazy`]), for data nobody filled.
     fn send(
         &mut self,
         cid: u16,
         sqe: &Sqe,
         in_capsule: Option<std::ops::Range<usize>>,
+        lazy: bool,
     ) -> Result<()> {
-        match self.queue.submit(sqe, in_capsule) {
+        let submitted = if lazy {
+            self.queue.submit_lazy(sqe, in_capsule)
+        } else {
+            self.queue.submit(sqe, in_capsule)
+        };
+        match submitted {
             Ok(()) => {
                 self.stats.submitted += 1;
                 Ok(())
@@ -401,7 +409,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             sgl: self.data_sgl(&range)?,
         }
         .to_sqe();
-        self.send(cid, &sqe, None)
+        self.send(cid, &sqe, None, false)
     }
 
     fn submit_data_out(
@@ -411,12 +419,15 @@ impl<Q: HostQueue> IoQueue<Q> {
         lba: u64,
         blocks: u32,
         token: u64,
-        fill: impl FnOnce(&mut [u8]),
+        fill: Option<impl FnOnce(&mut [u8])>,
     ) -> Result<()> {
         let bytes = Self::blocks_ok(ns, lba, blocks)?;
         let (index, cid) = self.start(token, kind, bytes)?;
         let range = self.slot_range(index, bytes);
-        fill(&mut self.queue.region_bytes_mut()[range.clone()]);
+        let lazy = fill.is_none();
+        if let Some(fill) = fill {
+            fill(&mut self.queue.region_bytes_mut()[range.clone()]);
+        }
         let in_capsule = kind == IoKind::Write && bytes <= self.limits.in_capsule;
         let sgl = if in_capsule {
             SglDescriptor::DataBlockOffset {
@@ -445,7 +456,7 @@ impl<Q: HostQueue> IoQueue<Q> {
         if in_capsule {
             self.stats.in_capsule_writes += 1;
         }
-        self.send(cid, &sqe, in_capsule.then_some(range))
+        self.send(cid, &sqe, in_capsule.then_some(range), lazy)
     }
 
     /// Submit a Write; `fill` writes the data into the command's slot (exactly
@@ -458,7 +469,22 @@ impl<Q: HostQueue> IoQueue<Q> {
         token: u64,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
-        self.submit_data_out(IoKind::Write, ns, lba, blocks, token, fill)
+        self.submit_data_out(IoKind::Write, ns, lba, blocks, token, Some(fill))
+    }
+
+    /// Submit a Write of whatever the command's slot holds, for a caller to whom the data
+    /// does not matter (nvmf-perf without --verify): the slot is neither filled nor brought
+    /// from the host view into the queue's registered region ([`HostQueue::submit_lazy`]),
+    /// so the target gets whatever that memory last held.
+    pub fn submit_write_unfilled(
+        &mut self,
+        ns: &NsTarget,
+        lba: u64,
+        blocks: u32,
+        token: u64,
+    ) -> Result<()> {
+        let unfilled: Option<fn(&mut [u8])> = None;
+        self.submit_data_out(IoKind::Write, ns, lba, blocks, token, unfilled)
     }
 
     /// Submit a Compare against the data `fill` writes; a mismatch completes with the media
@@ -471,7 +497,7 @@ impl<Q: HostQueue> IoQueue<Q> {
         token: u64,
         fill: impl FnOnce(&mut [u8]),
     ) -> Result<()> {
-        self.submit_data_out(IoKind::Compare, ns, lba, blocks, token, fill)
+        self.submit_data_out(IoKind::Compare, ns, lba, blocks, token, Some(fill))
     }
 
     /// Submit a Flush.
@@ -479,7 +505,7 @@ impl<Q: HostQueue> IoQueue<Q> {
         let (_, cid) = self.start(token, IoKind::Flush, 0)?;
         let mut sqe = FlushCmd { cid, nsid }.to_sqe();
         sqe.set_sgl1(SglDescriptor::NULL);
-        self.send(cid, &sqe, None)
+        self.send(cid, &sqe, None, false)
     }
 
     /// Submit a Write Zeroes.
@@ -502,7 +528,7 @@ impl<Q: HostQueue> IoQueue<Q> {
         }
         .to_sqe();
         sqe.set_sgl1(SglDescriptor::NULL);
-        self.send(cid, &sqe, None)
+        self.send(cid, &sqe, None, false)
     }
 
     /// Submit a Dataset Management Deallocate of `ranges` (LBA, blocks).
@@ -552,7 +578,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             sgl: self.data_sgl(&range)?,
         }
         .to_sqe();
-        self.send(cid, &sqe, None)
+        self.send(cid, &sqe, None, false)
     }
 
     /// Reap completions; `on_complete` gets each with, for reads, the data read. Returns how

@@ -69,6 +69,32 @@ fn write_then_read_with_tokens_in_capsule_and_keyed() {
 }
 
 #[test]
+fn unfilled_writes_carry_what_their_slot_holds() {
+    let (target, mut c, _) = setup();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    // Nothing in flight: each command takes the first free slot, which the fill left 0x5e.
+    q.submit_write(&ns, 0, 16, 1, |s| s.fill(0x5e)).unwrap();
+    collect(q, 1);
+    q.submit_write_unfilled(&ns, 16, 8, 2).unwrap();
+    collect(q, 1);
+    q.submit_write_unfilled(&ns, 24, 16, 3).unwrap();
+    let done = collect(q, 1);
+    assert_eq!(done[0].0.result, Ok(()));
+    assert_eq!(
+        (
+            target.stats().in_capsule_writes,
+            target.stats().keyed_writes
+        ),
+        (1, 2),
+        "one in the capsule, the others by keyed SGL"
+    );
+    q.submit_read(&ns, 16, 24, 4).unwrap();
+    let done = collect(q, 1);
+    assert!(done[0].1.iter().all(|&b| b == 0x5e));
+}
+
+#[test]
 fn lazy_poll_hands_read_data_on_demand_and_nothing_for_other_commands() {
     let (target, mut c, _) = setup();
     let ns = c.namespace(1).unwrap().target();

@@ -289,16 +289,19 @@ impl<Q: HostQueue> Job<Q> {
                 Op::Read => self
                     .queue
                     .submit_read(&self.ns, lba, self.blocks_per_io, token),
-                Op::Write => {
+                Op::Write if self.spec.verify => {
                     self.next_generation += 1;
                     generation = self.next_generation;
-                    let verify = self.spec.verify;
                     self.queue
                         .submit_write(&self.ns, lba, self.blocks_per_io, token, |slot| {
-                            if verify {
-                                verify::fill(slot, bs, lba, generation);
-                            }
+                            verify::fill(slot, bs, lba, generation);
                         })
+                }
+                // Nobody checks what unverified writes carry: no fill, and no copy of the
+                // slot into the queue's registered region either.
+                Op::Write => {
+                    self.queue
+                        .submit_write_unfilled(&self.ns, lba, self.blocks_per_io, token)
                 }
             };
             match submitted {

@@ -18,7 +18,8 @@
 //!
 //! Host memory: the initiator works on a plain host copy of the region (`host`); the
 //! registered region (`mr`) is what the target reads and writes. A command naming a range of
-//! the region by keyed SGL copies that range host -> registered at submit and registered ->
+//! the region by keyed SGL copies that range host -> registered at submit (not at
+//! `submit_lazy`, for data nobody filled: the target then gets what the region holds) and registered ->
 //! host when its CQE is taken by `poll`, or, after `poll_lazy`, when the consumer `fetch`es
 //! it (`Mr::write_at` / `read_at`: race-free copies, no `unsafe`). The target touches only the
 //! ranges of commands in flight, and the initiator leaves those alone until their CQE; a CQE
@@ -198,11 +199,14 @@ impl RdmaQueue {
 
     /// Submits under the group's lock. Takes `&self` so the caller locks through its own
     /// field (no `Arc` clone per command); a loss is handed back for the caller to mirror.
+    /// `copy`: bring the outgoing data from the host view into the registered region (else
+    /// the target gets what the region holds: `submit_lazy`).
     fn submit_locked(
         &self,
         g: &mut HostGroup,
         sqe: &Sqe,
         inline: Range<usize>,
+        copy: bool,
     ) -> Result<(), Failed> {
         let token = self.token;
         let HostGroup {
@@ -236,7 +240,7 @@ impl RdmaQueue {
         for range in [region.filter(|_| to_target), Some(inline.clone())]
             .into_iter()
             .flatten()
-            .filter(|r| !r.is_empty())
+            .filter(|r| !r.is_empty() && copy)
         {
             if let Err(e) = self.mr.write_at(range.start, &self.host[range]) {
                 pg.finish(req);
@@ -319,6 +323,34 @@ impl RdmaQueue {
         }
         side.by_cid.insert(sqe.cid, req);
         Ok(())
+    }
+
+    /// `submit` (`copy`) or `submit_lazy`. Inlined into both, as the one `submit` was.
+    #[inline(always)]
+    fn submit_with(
+        &mut self,
+        sqe: &Sqe,
+        in_capsule: Option<Range<usize>>,
+        copy: bool,
+    ) -> Result<(), QueueError> {
+        self.check()?;
+        let inline = in_capsule.unwrap_or(0..0);
+        if inline.start > inline.end || inline.end > self.host.len() {
+            return Err(QueueError::Invalid(format!("in-capsule range {inline:?}")));
+        }
+        if inline.len() > self.in_capsule_limit {
+            return Err(QueueError::Invalid(format!(
+                "in-capsule data {} bytes > {}",
+                inline.len(),
+                self.in_capsule_limit
+            )));
+        }
+        let submitted = self.submit_locked(&mut lock(&self.group), sqe, inline, copy);
+        match submitted {
+            Ok(()) => Ok(()),
+            Err(Failed::Refused(e)) => Err(e),
+            Err(Failed::Lost(why)) => self.lose(why),
+        }
     }
 }
 
@@ -425,24 +457,15 @@ impl HostQueue for RdmaQueue {
     }
 
     fn submit(&mut self, sqe: &Sqe, in_capsule: Option<Range<usize>>) -> Result<(), QueueError> {
-        self.check()?;
-        let inline = in_capsule.unwrap_or(0..0);
-        if inline.start > inline.end || inline.end > self.host.len() {
-            return Err(QueueError::Invalid(format!("in-capsule range {inline:?}")));
-        }
-        if inline.len() > self.in_capsule_limit {
-            return Err(QueueError::Invalid(format!(
-                "in-capsule data {} bytes > {}",
-                inline.len(),
-                self.in_capsule_limit
-            )));
-        }
-        let submitted = self.submit_locked(&mut lock(&self.group), sqe, inline);
-        match submitted {
-            Ok(()) => Ok(()),
-            Err(Failed::Refused(e)) => Err(e),
-            Err(Failed::Lost(why)) => self.lose(why),
-        }
+        self.submit_with(sqe, in_capsule, true)
+    }
+
+    fn submit_lazy(
+        &mut self,
+        sqe: &Sqe,
+        in_capsule: Option<Range<usize>>,
+    ) -> Result<(), QueueError> {
+        self.submit_with(sqe, in_capsule, false)
     }
 
     fn poll(&mut self, out: &mut [Cqe]) -> Result<usize, QueueError> {

@@ -135,6 +135,38 @@ fn a_full_queue_reports_every_cqe_once() {
 }
 
 #[test]
+fn a_lazy_submit_sends_what_the_registered_region_holds() {
+    let target = FakeTarget::start();
+    let mut q = connect(&target);
+    let sent = pattern(0x11, 4096);
+    q.region_bytes_mut()[..4096].copy_from_slice(&sent);
+    q.submit(&keyed(&q, WRITE, 1, 0, 4096, 0), None).unwrap();
+    reap(&mut q, 1);
+    // The host view changes but is not brought into the registered region: the target gets
+    // what the region holds, by keyed SGL and in the capsule alike.
+    q.region_bytes_mut()[..4096].copy_from_slice(&pattern(0x22, 4096));
+    q.submit_lazy(&keyed(&q, WRITE, 2, 0, 4096, 8192), None)
+        .unwrap();
+    reap(&mut q, 1);
+    let mut in_capsule = Sqe::new(WRITE, 3, 1);
+    in_capsule.set_sgl1(SglDescriptor::DataBlockOffset {
+        offset: 0,
+        length: 1024,
+    });
+    in_capsule.cdw10 = 16384;
+    q.submit_lazy(&in_capsule, Some(0..1024)).unwrap();
+    reap(&mut q, 1);
+    q.submit(&keyed(&q, READ, 4, 65536, 4096, 8192), None)
+        .unwrap();
+    reap(&mut q, 1);
+    assert_eq!(&q.region_bytes()[65536..69632], &sent[..], "keyed SGL");
+    q.submit(&keyed(&q, READ, 5, 65536, 1024, 16384), None)
+        .unwrap();
+    reap(&mut q, 1);
+    assert_eq!(&q.region_bytes()[65536..66560], &sent[..1024], "in capsule");
+}
+
+#[test]
 fn a_target_disconnect_is_reported_as_loss() {
     let target = FakeTarget::start();
     let mut q = connect(&target);
