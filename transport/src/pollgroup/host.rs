@@ -74,7 +74,8 @@ impl<R: Default> PollGroup<R> {
         }
         let req = self
             .new_request(qp.0, u32::MAX)
-            .ok_or(TransportError::QueueFull("request objects"))?;
+            // `ok_or_else`: the error value is built (and dropped) only when it happens.
+            .ok_or_else(|| TransportError::QueueFull("request objects"))?;
         if let Some(q) = self.qpair_at_mut(qp.0) {
             q.outstanding += 1;
         }
