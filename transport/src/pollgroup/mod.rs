@@ -226,6 +226,12 @@ pub struct PollGroup<R = ()> {
     dirty: Vec<u32>,
     /// Qpairs draining.
     draining: Vec<QpRef>,
+    /// Something that can end a drain happened since `progress_drains` last looked (a
+    /// completion, an event, a new drain): look at every draining qpair again.
+    drains_changed: bool,
+    /// With nothing happening, no drain can end before this (its grace or timeout): idle
+    /// passes skip the walk over the draining qpairs until then.
+    drain_due: Option<std::time::Instant>,
     /// Completions to handle first in the next poll (reaped by `arm`'s re-check).
     carried: VecDeque<WorkCompletion>,
     /// The batch `poll` reaps into (MAX_BATCH entries): kept, not a stack array initialised
@@ -358,6 +364,8 @@ impl<R> PollGroup<R> {
             failed: None,
             post_fault: None,
             tree_lookups: Cell::new(0),
+            drains_changed: false,
+            drain_due: None,
             stats: PollGroupStats::default(),
             response_invalidated: None,
             cfg,

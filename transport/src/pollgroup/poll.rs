@@ -90,6 +90,8 @@ impl<R: Default> PollGroup<R> {
             self.flush_recvs();
         }
         if !self.draining.is_empty() {
+            // Completions (a marker, a flushed send or receive) can end a drain.
+            self.drains_changed |= n > 0;
             self.progress_drains(h);
         }
         Ok(n)
