@@ -72,10 +72,10 @@ impl<R: Default> PollGroup<R> {
         if q.outstanding >= q.depth {
             return Err(TransportError::QueueFull("qpair queue depth"));
         }
-        let req = self
-            .new_request(qp.0, u32::MAX)
-            // `ok_or_else`: the error value is built (and dropped) only when it happens.
-            .ok_or_else(|| TransportError::QueueFull("request objects"))?;
+        // Not `ok_or`: that built (and dropped) the error on every submit.
+        let Some(req) = self.new_request(qp.0, u32::MAX) else {
+            return Err(TransportError::QueueFull("request objects"));
+        };
         if let Some(q) = self.qpair_at_mut(qp.0) {
             q.outstanding += 1;
         }
