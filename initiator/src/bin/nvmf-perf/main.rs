@@ -55,6 +55,8 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     nsid: Vec<u32>,
     /// Tag every block written with its LBA and a generation; check every block read.
+    /// Without it, writes carry whatever their buffer last held (no fill, no copy per I/O,
+    /// as SPDK's perf), so the namespace's contents after a run are undefined.
     #[arg(long)]
     verify: bool,
     /// Print the final report as JSON.
