@@ -90,6 +90,27 @@ pub enum QueueError {
     Invalid(String),
 }
 
+impl QueueError {
+    /// A submission's in-capsule data `range` must lie in the queue's region (`region_len`
+    /// bytes) and fit the in-capsule limit: the one check every [`HostQueue`] makes.
+    pub(crate) fn check_in_capsule(
+        range: &Range<usize>,
+        region_len: usize,
+        limit: usize,
+    ) -> Result<(), QueueError> {
+        if range.start > range.end || range.end > region_len {
+            return Err(QueueError::Invalid(format!("in-capsule range {range:?}")));
+        }
+        if range.len() > limit {
+            return Err(QueueError::Invalid(format!(
+                "in-capsule data {} bytes > {limit}",
+                range.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Why connecting a queue failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConnectError {

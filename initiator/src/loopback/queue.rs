@@ -100,16 +100,7 @@ impl HostQueue for LoopbackQueue {
     fn submit(&mut self, sqe: &Sqe, in_capsule: Option<Range<usize>>) -> Result<(), QueueError> {
         self.check_link()?;
         if let Some(r) = &in_capsule {
-            if r.end > self.region.len() || r.start > r.end {
-                return Err(QueueError::Invalid(format!("in-capsule range {r:?}")));
-            }
-            if r.len() > self.in_capsule_limit {
-                return Err(QueueError::Invalid(format!(
-                    "in-capsule data {} bytes > {}",
-                    r.len(),
-                    self.in_capsule_limit
-                )));
-            }
+            QueueError::check_in_capsule(r, self.region.len(), self.in_capsule_limit)?;
         }
         self.sqhd = (self.sqhd + 1) % self.depth.max(1);
         // A window key opens its range for this one command; the response invalidates it.

@@ -335,16 +335,7 @@ impl RdmaQueue {
     ) -> Result<(), QueueError> {
         self.check()?;
         let inline = in_capsule.unwrap_or(0..0);
-        if inline.start > inline.end || inline.end > self.host.len() {
-            return Err(QueueError::Invalid(format!("in-capsule range {inline:?}")));
-        }
-        if inline.len() > self.in_capsule_limit {
-            return Err(QueueError::Invalid(format!(
-                "in-capsule data {} bytes > {}",
-                inline.len(),
-                self.in_capsule_limit
-            )));
-        }
+        QueueError::check_in_capsule(&inline, self.host.len(), self.in_capsule_limit)?;
         let submitted = self.submit_locked(&mut lock(&self.group), sqe, inline, copy);
         match submitted {
             Ok(()) => Ok(()),
