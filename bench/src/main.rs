@@ -141,7 +141,9 @@ enum Cmd {
         #[arg(long, default_value_t = 32)]
         depth: usize,
         /// I/O qpairs connected (64 per controller): with more than 1, the many-qpairs
-        /// figure's host side (jobs on --active of them, the rest connected and idle).
+        /// figure's host side (jobs on --active of them, the rest connected and idle). Capped,
+        /// as in `qpairs`, so they and their controllers' admin qpairs fit one poll group:
+        /// 1024 connects 1008 I/O + 16 admin.
         #[arg(long, default_value_t = 1)]
         qpairs: usize,
         /// Qpairs carrying a job (at most --qpairs).
@@ -264,7 +266,7 @@ fn main() -> Result<()> {
         } => {
             let shape = cost::Shape {
                 depth,
-                connected: qpairs,
+                connected: runs::io_qpairs(qpairs),
                 active,
             };
             let s = cost::profile(ios, shape, &workload, top, &out_dir)?;

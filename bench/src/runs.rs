@@ -97,7 +97,7 @@ fn host_options(depth: usize, io_queues: u16) -> ControllerOptions {
 
 /// (b) target and initiator engines in one process.
 pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result<Section> {
-    let target = InProcessTarget::start(common.target_core, common.pin(), None)?;
+    let target = InProcessTarget::start(common.target_core, common.pin(), None, None)?;
     let fabric = RdmaFabric::new("soft", None).context("in-process fabric")?;
     let address = host::address("soft", target.addr);
     let mut c = Collector::default();
@@ -240,6 +240,7 @@ pub fn qpairs(
                 common.target_core,
                 common.pin(),
                 None,
+                None,
             )?),
             None,
             "soft",
@@ -378,7 +379,7 @@ const GROUP_QPAIRS: usize = 1024;
 
 /// I/O qpairs for `asked`, fewer when they and their controllers' admin qpairs (one per 64)
 /// would not fit one poll group: 1024 asked gives 1008 I/O + 16 admin = 1024.
-fn io_qpairs(asked: usize) -> usize {
+pub fn io_qpairs(asked: usize) -> usize {
     let mut io = asked.max(1);
     while io > 1 && io + io.div_ceil(host::QUEUES_PER_CONTROLLER) > GROUP_QPAIRS {
         io -= 1;

@@ -65,15 +65,24 @@ pub struct InProcessTarget {
 
 impl InProcessTarget {
     /// Start the in-process configuration with its reactor on `core`. `max_qpairs`: qpairs a
-    /// poll group may hold (the daemon's default, 1024, when None).
-    pub fn start(core: usize, pin: bool, max_qpairs: Option<u32>) -> Result<InProcessTarget> {
+    /// poll group may hold (the daemon's default, 1024, when None). `idle_after`: how long the
+    /// reactor spins without work before it sleeps (the runtime's default when None).
+    pub fn start(
+        core: usize,
+        pin: bool,
+        max_qpairs: Option<u32>,
+        idle_after: Option<Duration>,
+    ) -> Result<InProcessTarget> {
         let text = rewrite(INPROC_CONFIG, core, None)?;
         let config = Config::parse(&text, "bench/configs/null-inproc.toml")
             .map_err(|e| anyhow::anyhow!("{:?}", e.0))?;
         let target = Arc::new(Target::from_config(&config).context("building the target")?);
-        let runtime =
-            Runtime::start(RuntimeConfig::new(config.reactors.cores.get_ref().clone()).pin(pin))
-                .context("starting the target reactor")?;
+        let mut runtime_config =
+            RuntimeConfig::new(config.reactors.cores.get_ref().clone()).pin(pin);
+        if let Some(idle_after) = idle_after {
+            runtime_config = runtime_config.idle_after(idle_after);
+        }
+        let runtime = Runtime::start(runtime_config).context("starting the target reactor")?;
         {
             let target = target.clone();
             runtime.reactors()[0]
