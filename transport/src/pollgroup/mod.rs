@@ -56,7 +56,7 @@ pub use wrid::WrKind;
 
 use buffers::DataBuffers;
 use fifo::{Fifo, Link};
-use qpair::{QpRef, QpairAdapter, QpairState};
+use qpair::{QpRef, QpairAdapter, QpairState, live_mut};
 use recv::RecvSlots;
 
 /// Most completions reaped per poll (the batch is a stack array of this size).
@@ -553,12 +553,19 @@ impl<R> PollGroup<R> {
 
     /// `qref` has chains to post at the end of this poll.
     pub(crate) fn mark_dirty(&mut self, qref: QpRef) {
-        if let Some(q) = self.qpair_at_mut(qref) {
-            if !q.dirty && !q.to_post.is_empty() {
-                q.dirty = true;
-                self.dirty.push(qref.index);
-            }
+        if let Some(q) = live_mut(&mut self.qpairs, qref) {
+            mark_dirty_held(&mut self.dirty, q, qref.index);
         }
+    }
+}
+
+/// [`PollGroup::mark_dirty`] for a caller already holding the qpair (at slab `index`): the
+/// group's `dirty` list borrowed apart, so the slab is not searched again.
+#[inline]
+pub(crate) fn mark_dirty_held(dirty: &mut Vec<u32>, q: &mut QpairState, index: u32) {
+    if !q.dirty && !q.to_post.is_empty() {
+        q.dirty = true;
+        dirty.push(index);
     }
 }
 

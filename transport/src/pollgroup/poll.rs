@@ -297,12 +297,13 @@ impl<R: Default> PollGroup<R> {
     }
 
     /// WRs left `qref`'s send queue: room for whatever waits there.
-    #[inline]
+    // Once per send completion: out of line it costs more than the lookup it saves.
+    #[inline(always)]
     fn retired_on(&mut self, qref: QpRef, retired: Retired) {
-        if let Some(q) = self.qpair_at_mut(qref) {
+        if let Some(q) = live_mut(&mut self.qpairs, qref) {
             q.release(retired.wrs, retired.reads);
+            super::mark_dirty_held(&mut self.dirty, q, qref.index);
         }
-        self.mark_dirty(qref);
     }
 
     fn on_marker<H: Handler<R>>(&mut self, h: &mut H, wc: &WorkCompletion, id: WrId) {
@@ -389,13 +390,15 @@ impl<R: Default> PollGroup<R> {
         loop {
             // Only the entries used are written.
             let mut batch = ArrayVec::<u32, POST_WRS>::new();
-            let mut wrs_in_batch = 0u32;
             // The FIFO emptied into this batch: no pass after it (nothing below adds to it).
             let emptied;
-            {
+            // One pass over the FIFO with the qpair looked up once: with many qpairs each
+            // holds a chain or two per poll, so what costs per qpair (not per WR) counts.
+            let (posted, fault, at) = {
                 let Some(q) = self.qpairs.get_mut(qref.index as usize) else {
                     return;
                 };
+                let mut wrs = ArrayVec::<SendWr, POST_WRS>::new();
                 loop {
                     let Some(index) = q.to_post.front() else {
                         emptied = true;
@@ -408,28 +411,25 @@ impl<R: Default> PollGroup<R> {
                         emptied = false;
                         break;
                     }
-                    if wrs_in_batch + n > POST_WRS as u32 {
+                    if wrs.len() as u32 + n > POST_WRS as u32 {
                         emptied = false;
                         break;
                     }
                     q.to_post.pop_front(&mut self.req_links);
                     q.reserve(n, reads);
+                    // `chain_posted`, with the qpair in hand (the request is on its FIFO).
+                    let r = &mut self.reqs[index as usize];
+                    debug_assert_eq!(r.qpair, qref);
+                    if r.mark_posted() {
+                        q.outstanding = q.outstanding.saturating_sub(1);
+                    }
                     // Every chain holds at least one WR, so `batch` never overflows.
                     batch.push(index);
-                    wrs_in_batch += n;
-                }
-            }
-            if batch.is_empty() {
-                return;
-            }
-            for &index in &batch {
-                self.chain_posted(index);
-            }
-            let result = {
-                let mut wrs = ArrayVec::<SendWr, POST_WRS>::new();
-                for &index in &batch {
                     let generation = self.req_generation[index as usize];
-                    self.chains[index as usize].work_requests(generation, index, &mut wrs);
+                    chain.work_requests(generation, index, &mut wrs);
+                }
+                if batch.is_empty() {
+                    return;
                 }
                 let at = wrs.len();
                 self.stats.send_post_calls += 1;
@@ -442,23 +442,33 @@ impl<R: Default> PollGroup<R> {
                     _ => None,
                 };
                 let to_post = fault.unwrap_or(at);
-                let posted = match self.qpairs[qref.index as usize].qp.as_mut() {
-                    Some(qp) => qp
-                        .post_send(&wrs[..to_post])
-                        .map_err(|e| (e.failed_index, e.error)),
-                    None => Err((0, TransportError::InvalidArgument("no QP".into()))),
+                let posted = match q.qp.as_mut() {
+                    Some(qp) => qp.post_send(&wrs[..to_post]),
+                    None => Err(crate::error::PostError {
+                        failed_index: 0,
+                        error: TransportError::InvalidArgument("no QP".into()),
+                    }),
                 };
-                match (posted, fault) {
-                    (Ok(()), Some(after)) if after < at => Err((
-                        after,
-                        TransportError::InvalidArgument("injected post failure".into()),
-                    )),
-                    (other, _) => other,
-                }
+                (posted, fault, at)
             };
-            if let Err((failed_index, error)) = result {
-                self.post_failed(h, qref, &batch, failed_index, error);
-                return;
+            // Before a refusal is applied: it takes back what did not reach the QP.
+            for &index in &batch {
+                self.chains[index as usize].all_posted();
+            }
+            // The error is matched here, not mapped into a tuple in the block above: carrying
+            // it out of the block cost a dozen moves per post on the path that never fails.
+            match (posted, fault) {
+                (Ok(()), None) => {}
+                (Ok(()), Some(after)) if after >= at => {}
+                (Ok(()), Some(after)) => {
+                    let error = TransportError::InvalidArgument("injected post failure".into());
+                    self.post_failed(h, qref, &batch, after, error);
+                    return;
+                }
+                (Err(e), _) => {
+                    self.post_failed(h, qref, &batch, e.failed_index, e.error);
+                    return;
+                }
             }
             if emptied {
                 return;

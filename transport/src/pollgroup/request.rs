@@ -106,6 +106,15 @@ impl<R> Request<R> {
     pub(crate) fn want_bufs_left(&self) -> usize {
         (self.want_bufs as usize).saturating_sub(self.nbufs as usize)
     }
+    /// Its chain went to the send queue. True when that gives its command's depth slot back
+    /// (the chain answers the command): the caller lowers its qpair's `outstanding`.
+    #[inline]
+    pub(crate) fn mark_posted(&mut self) -> bool {
+        self.state = RequestState::Posted;
+        let release = self.answers && !self.depth_released;
+        self.depth_released |= release;
+        release
+    }
 }
 
 /// A host request's two halves.
@@ -481,7 +490,7 @@ impl<R> PollGroup<R> {
         let q =
             live_mut(&mut self.qpairs, qref).expect("a request that is not aborted has its qpair");
         q.to_post.push_back(&mut self.req_links, req.index);
-        self.mark_dirty(qref);
+        super::mark_dirty_held(&mut self.dirty, q, qref.index);
         Ok(())
     }
 
@@ -614,13 +623,13 @@ impl<R> PollGroup<R> {
     }
 
     /// `req`'s chain is on the QP: its depth slot goes back if it answers the command.
+    #[cfg(test)]
     pub(crate) fn chain_posted(&mut self, index: u32) {
         let r = &mut self.reqs[index as usize];
-        r.state = RequestState::Posted;
+        let release = r.mark_posted();
+        let qref = r.qpair;
         self.chains[index as usize].all_posted();
-        if r.answers && !r.depth_released {
-            r.depth_released = true;
-            let qref = r.qpair;
+        if release {
             if let Some(q) = self.qpair_at_mut(qref) {
                 q.outstanding = q.outstanding.saturating_sub(1);
             }
