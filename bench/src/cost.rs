@@ -7,7 +7,8 @@
 //! [`profile`] runs it under callgrind twice per side, collecting only inside that side's
 //! poller (`--toggle-collect`: the target's poll-group poller, the initiator's job poller), for
 //! N and 2N I/O: (Ir(2N) - Ir(N)) / (I/O(2N) - I/O(N)) cancels connection set-up. The top
-//! functions (self cost) come from `callgrind_annotate` of the 2N run.
+//! functions (self cost) are the same difference per function, from `callgrind_annotate` of
+//! both runs: what set-up and teardown spent in a function cancels there too.
 
 use std::path::Path;
 use std::process::Command;
@@ -127,8 +128,12 @@ fn total_ir(file: &Path) -> Result<u64> {
 }
 
 /// The top `n` functions by self cost: (instructions, share %, function).
-fn top_functions(file: &Path, n: usize) -> Result<Vec<(u64, f64, String)>> {
+/// Every function's self instructions in a callgrind output file, largest first.
+fn function_costs(file: &Path) -> Result<Vec<(u64, f64, String)>> {
     let out = Command::new("callgrind_annotate")
+        // Every function, not only those above the default 0.1 % threshold: a function small
+        // in the longer run may be big in the difference.
+        .arg("--threshold=100")
         .arg(file)
         .output()
         .context("running callgrind_annotate (Debian package valgrind)")?;
@@ -138,7 +143,33 @@ fn top_functions(file: &Path, n: usize) -> Result<Vec<(u64, f64, String)>> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    Ok(parse_annotate(&String::from_utf8_lossy(&out.stdout), n))
+    Ok(parse_annotate(
+        &String::from_utf8_lossy(&out.stdout),
+        usize::MAX,
+    ))
+}
+
+/// The `n` functions with the most self instructions per I/O in the steady state: per
+/// function, (Ir in the longer run - Ir in the shorter) / the I/O between them, largest first.
+fn steady_top(
+    shorter: &[(u64, f64, String)],
+    longer: &[(u64, f64, String)],
+    ios: u64,
+    n: usize,
+) -> Vec<(f64, String)> {
+    let mut rows: Vec<(f64, String)> = longer
+        .iter()
+        .map(|(ir2, _, func)| {
+            let ir1 = shorter
+                .iter()
+                .find(|(_, _, f)| f == func)
+                .map_or(0, |r| r.0);
+            ((*ir2 as f64 - ir1 as f64) / ios.max(1) as f64, func.clone())
+        })
+        .collect();
+    rows.sort_by(|a, b| b.0.total_cmp(&a.0));
+    rows.truncate(n);
+    rows
 }
 
 /// Parses callgrind_annotate's function table ("1,234 (12.5%)  file:function [object]"),
@@ -252,17 +283,24 @@ pub fn profile(
         c.add(&case, "instructions per I/O", per_io);
         c.add(&case, "I/O counted", (done2 - done1) as f64);
         let mut lines = vec![format!(
-            "Top functions, {side} side (self instructions per I/O, share of the side), \
-             from {}:",
+            "Top functions, {side} side (self instructions per I/O, share of the side; per \
+             function, the difference between {} and {}):",
+            f1.display(),
             f2.display()
         )];
         lines.push(String::new());
         lines.push("| instr/I/O | share | function |".into());
         lines.push("|---:|---:|---|".into());
-        for (ir, pct, func) in top_functions(&f2, top)? {
+        let top_rows = steady_top(
+            &function_costs(&f1)?,
+            &function_costs(&f2)?,
+            done2 - done1,
+            top,
+        );
+        for (ir, func) in top_rows {
             lines.push(format!(
-                "| {:.0} | {pct:.1} % | `{}` |",
-                ir as f64 / done2 as f64,
+                "| {ir:.0} | {:.1} % | `{}` |",
+                100.0 * ir / per_io,
                 func.replace('|', "\\|")
             ));
         }
@@ -316,5 +354,19 @@ Ir                  file:function
         assert_eq!(rows[1].2, "memcpy");
         assert_eq!(rows[1].0, 250_000);
         assert_eq!(parse_annotate(text, 1).len(), 1);
+    }
+
+    #[test]
+    fn steady_top_is_the_per_function_difference() {
+        let f = |ir: u64, name: &str| (ir, 0.0, name.to_string());
+        // Set-up: 900 in `idle` in both runs; `copy` grows with the I/O, `late` only in the
+        // longer run.
+        let shorter = [f(900, "idle"), f(1_000, "copy")];
+        let longer = [f(2_000, "copy"), f(900, "idle"), f(300, "late")];
+        let top = steady_top(&shorter, &longer, 100, 2);
+        assert_eq!(
+            top,
+            vec![(10.0, "copy".to_string()), (3.0, "late".to_string())]
+        );
     }
 }
