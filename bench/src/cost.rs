@@ -10,6 +10,7 @@
 //! functions (self cost) are the same difference per function, from `callgrind_annotate` of
 //! both runs: what set-up and teardown spent in a function cancels there too.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -78,11 +79,11 @@ pub fn run(ios: u64, shape: Shape, workload: &str, core: usize) -> Result<u64> {
         .parse()
         .map_err(|e| anyhow::anyhow!("workload '{workload}': {e}"))?;
     // Under valgrind the set-up and teardown (connects, drains) take seconds of wall time;
-    // a reactor spinning 1 ms between their events ran about a million idle passes through
+    // a reactor spinning 1 ms between their events ran ~10^5 idle passes through
     // the target's poller, a number set by the clock, which (Ir(2N) - Ir(N)) cannot cancel.
     // Sleeping as soon as a pass finds nothing keeps them out; the measured phase always has
     // work in every pass (both sides on this one reactor), so it never sleeps.
-    let target = InProcessTarget::start(core, false, None, Some(Duration::from_micros(1)))?;
+    let target = InProcessTarget::start(core, false, Some(Duration::from_micros(1)))?;
     let controllers_used = connected.div_ceil(host::QUEUES_PER_CONTROLLER);
     let fabric = RdmaFabric::new("soft", None)
         .context("in-process fabric")?
@@ -127,7 +128,6 @@ fn total_ir(file: &Path) -> Result<u64> {
         .with_context(|| format!("{}: no totals line", file.display()))
 }
 
-/// The top `n` functions by self cost: (instructions, share %, function).
 /// Every function's self instructions in a callgrind output file, largest first.
 fn function_costs(file: &Path) -> Result<Vec<(u64, f64, String)>> {
     let out = Command::new("callgrind_annotate")
@@ -157,13 +157,11 @@ fn steady_top(
     ios: u64,
     n: usize,
 ) -> Vec<(f64, String)> {
+    let before: HashMap<&str, u64> = shorter.iter().map(|(ir, _, f)| (f.as_str(), *ir)).collect();
     let mut rows: Vec<(f64, String)> = longer
         .iter()
         .map(|(ir2, _, func)| {
-            let ir1 = shorter
-                .iter()
-                .find(|(_, _, f)| f == func)
-                .map_or(0, |r| r.0);
+            let ir1 = before.get(func.as_str()).copied().unwrap_or(0);
             ((*ir2 as f64 - ir1 as f64) / ios.max(1) as f64, func.clone())
         })
         .collect();

@@ -97,7 +97,7 @@ fn host_options(depth: usize, io_queues: u16) -> ControllerOptions {
 
 /// (b) target and initiator engines in one process.
 pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result<Section> {
-    let target = InProcessTarget::start(common.target_core, common.pin(), None, None)?;
+    let target = InProcessTarget::start(common.target_core, common.pin(), None)?;
     let fabric = RdmaFabric::new("soft", None).context("in-process fabric")?;
     let address = host::address("soft", target.addr);
     let mut c = Collector::default();
@@ -239,7 +239,6 @@ pub fn qpairs(
             Some(InProcessTarget::start(
                 common.target_core,
                 common.pin(),
-                None,
                 None,
             )?),
             None,

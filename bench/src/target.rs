@@ -64,15 +64,9 @@ pub struct InProcessTarget {
 }
 
 impl InProcessTarget {
-    /// Start the in-process configuration with its reactor on `core`. `max_qpairs`: qpairs a
-    /// poll group may hold (the daemon's default, 1024, when None). `idle_after`: how long the
-    /// reactor spins without work before it sleeps (the runtime's default when None).
-    pub fn start(
-        core: usize,
-        pin: bool,
-        max_qpairs: Option<u32>,
-        idle_after: Option<Duration>,
-    ) -> Result<InProcessTarget> {
+    /// Start the in-process configuration with its reactor on `core`. `idle_after`: how long
+    /// the reactor spins without work before it sleeps (the runtime's default when None).
+    pub fn start(core: usize, pin: bool, idle_after: Option<Duration>) -> Result<InProcessTarget> {
         let text = rewrite(INPROC_CONFIG, core, None)?;
         let config = Config::parse(&text, "bench/configs/null-inproc.toml")
             .map_err(|e| anyhow::anyhow!("{:?}", e.0))?;
@@ -118,9 +112,6 @@ impl InProcessTarget {
             data_buffers: *t.data_buffers.get_ref(),
             ..PollGroupConfig::default()
         };
-        if let Some(n) = max_qpairs {
-            rdma.group.max_qpairs = n;
-        }
         let max_cqe = rdma
             .devices
             .iter()
