@@ -1,9 +1,19 @@
-//! Completion queues: a lock-free bounded queue of completions (depth = CQ size), the arming
-//! state for the completion channel, and the progress engine that polling drives.
+//! Completion queues: two lock-free bounded lanes of completions, the arming state for the
+//! completion channel, and the progress engine that polling drives.
 //!
-//! Overrun, as on hardware: a completion that finds the CQ full is lost, CQ_ERR is raised, and
-//! every poll of that CQ from then on fails (`TransportError::CqOverrun`), so the loss is never
-//! silent: the owner must tear down what uses the CQ.
+//! Lanes: send-queue completions (requester side) and receive completions (responder side) are
+//! queued apart, each lane `depth` deep. On the in-process fabric the two are written by
+//! different cores (a QP's own sends complete on the poster's core, its receives on the
+//! peer's), and one shared queue made both cores write its tail for every I/O: that line
+//! moving between them was the largest share of the in-process fabric's time. Order is kept
+//! within each work queue (a QP's send queue, its receive queue or SRQ), which is what verbs
+//! promises; there is no order between a QP's send and receive completions, as on hardware. A
+//! poll takes the send lane first (it frees send-queue slots and the requests behind them).
+//!
+//! Overrun, as on hardware: a completion that finds its lane full is lost, CQ_ERR is raised,
+//! and every poll of that CQ from then on fails (`TransportError::CqOverrun`), so the loss is
+//! never silent: the owner must tear down what uses the CQ. A CQ thus holds at least `depth`
+//! completions (up to `depth` of each kind), as hardware rounds a CQ's size up.
 //!
 //! Progress: polling a CQ first runs the QPs that asked for it (a send stalled on RNR or on a
 //! peer that is not ready yet, with its retry timer) and, on the TCP fabric, reads the sockets
@@ -52,7 +62,10 @@ pub(crate) struct CqInner {
     pub(crate) id: u32,
     depth: u32,
     dev: Arc<DeviceInner>,
-    q: ArrayQueue<Cqe>,
+    /// Send-queue completions (requester side).
+    send_lane: ArrayQueue<Cqe>,
+    /// Receive completions (responder side).
+    recv_lane: ArrayQueue<Cqe>,
     channel: Option<Arc<EventQueue<u32>>>,
     armed: AtomicU8,
     overrun: AtomicBool,
@@ -70,26 +83,37 @@ impl CqInner {
         self.dev.clone()
     }
 
-    /// Queue a completion (any thread). `solicited`: the message asked for a solicited event.
-    ///
+    /// Queue a send-queue completion (any thread).
+    #[inline]
+    pub(crate) fn push_send(&self, cqe: Cqe) {
+        self.push(&self.send_lane, cqe, false);
+    }
+
+    /// Queue a receive completion (any thread). `solicited`: the message asked for a solicited
+    /// event.
+    #[inline]
+    pub(crate) fn push_recv(&self, cqe: Cqe, solicited: bool) {
+        self.push(&self.recv_lane, cqe, solicited);
+    }
+
     /// The common case (not armed, no fault injection) is inlined into the caller, so the
-    /// completion is built straight into the queue's slot: passed by value to an out-of-line
+    /// completion is built straight into the lane's slot: passed by value to an out-of-line
     /// push, it was copied through the stack, its 16-byte loads stalling on the caller's
     /// narrower stores (store-forwarding), a third of this function's samples.
-    #[inline]
-    pub(crate) fn push(&self, cqe: Cqe, solicited: bool) {
+    #[inline(always)]
+    fn push(&self, lane: &ArrayQueue<Cqe>, cqe: Cqe, solicited: bool) {
         if self.armed.load(Ordering::Acquire) != ARM_NONE
             || self.faults.load(Ordering::Acquire) != 0
         {
-            self.push_slow(cqe, solicited);
-        } else if let Err(lost) = self.q.push(cqe) {
+            self.push_slow(lane, cqe, solicited);
+        } else if let Err(lost) = lane.push(cqe) {
             self.overran(&lost);
         }
     }
 
     /// [`push`](Self::push) when armed or with faults switched on.
     #[inline(never)]
-    fn push_slow(&self, cqe: Cqe, solicited: bool) {
+    fn push_slow(&self, lane: &ArrayQueue<Cqe>, cqe: Cqe, solicited: bool) {
         let notify = self.armed.load(Ordering::Acquire) != ARM_NONE
             && (self.armed.load(Ordering::Acquire) == ARM_ANY
                 || solicited
@@ -100,7 +124,7 @@ impl CqInner {
                 .unwrap_or_else(|e| e.into_inner())
                 .q
                 .push_back((Instant::now(), cqe));
-        } else if let Err(lost) = self.q.push(cqe) {
+        } else if let Err(lost) = lane.push(cqe) {
             self.overran(&lost);
             return;
         }
@@ -174,16 +198,24 @@ impl CqInner {
             if self.faults_used.load(Ordering::Acquire) && self.held_nonempty() {
                 n = self.poll_held(out, 0);
             }
-            // Pop only what is there: a pop that finds the queue empty costs a SeqCst fence
-            // (crossbeam's emptiness check), which a busy poller would pay on every poll.
-            let ready = self.q.len().min(out.len() - n);
-            for _ in 0..ready {
-                let Some(c) = self.q.pop() else { break };
-                out[n] = Self::reap(c);
-                n += 1;
-            }
+            n += Self::pop_lane(&self.send_lane, &mut out[n..]);
+            n += Self::pop_lane(&self.recv_lane, &mut out[n..]);
         } else {
             n = self.poll_held(out, faults);
+        }
+        n
+    }
+
+    /// Pops only what is there: a pop that finds the lane empty costs a SeqCst fence
+    /// (crossbeam's emptiness check), which a busy poller would pay on every poll.
+    #[inline(always)]
+    fn pop_lane(lane: &ArrayQueue<Cqe>, out: &mut [WorkCompletion]) -> usize {
+        let ready = lane.len().min(out.len());
+        let mut n = 0;
+        while n < ready {
+            let Some(c) = lane.pop() else { break };
+            out[n] = Self::reap(c);
+            n += 1;
         }
         n
     }
@@ -207,7 +239,12 @@ impl CqInner {
     fn poll_held(&self, out: &mut [WorkCompletion], faults: u8) -> usize {
         let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        while let Some(c) = self.q.pop() {
+        // Each lane in its order; the held list keeps per-QP order across them (a QP's sends
+        // among themselves, its receives among themselves).
+        while let Some(c) = self.send_lane.pop() {
+            h.q.push_back((now, c));
+        }
+        while let Some(c) = self.recv_lane.pop() {
             h.q.push_back((now, c));
         }
         let delay = if faults & FAULT_DELAY != 0 {
@@ -280,7 +317,8 @@ impl SoftCq {
             id: dev.next_id(),
             depth,
             dev: dev.clone(),
-            q: ArrayQueue::new(depth as usize),
+            send_lane: ArrayQueue::new(depth as usize),
+            recv_lane: ArrayQueue::new(depth as usize),
             channel: channel.map(|c| c.inner.clone()),
             armed: AtomicU8::new(ARM_NONE),
             overrun: AtomicBool::new(false),

@@ -15,9 +15,11 @@
 //! - Queue depths: send queue slots are freed only when a completion is polled (a signaled WR
 //!   retires the unsignaled ones before it, as in a verbs driver), so an all-unsignaled stream
 //!   overruns exactly as on hardware; RQ/SRQ depths; creation limits from `SoftConfig`
-//!   (`TransportError::Limit`). A full CQ is an overrun: the completion is lost, CQ_ERR is
-//!   raised and every later poll of that CQ fails (`TransportError::CqOverrun`).
-//! - RC semantics: in-order execution and completion per QP; RNR NAK when no receive is posted,
+//!   (`TransportError::Limit`). A CQ holds `depth` send-queue and `depth` receive completions
+//!   (cq.rs: each kind in its own lane); a full lane is an overrun: the completion is lost,
+//!   CQ_ERR is raised and every later poll of that CQ fails (`TransportError::CqOverrun`).
+//! - RC semantics: in-order execution per QP, completions in order per work queue (none
+//!   between a QP's send and receive queues, as in verbs); RNR NAK when no receive is posted,
 //!   retried per `rnr_retry` (7 = forever) spaced by the responder's `min_rnr_timer`; later WRs
 //!   wait behind a stalled one. Unsignaled WRs complete only on error. Any transition to ERR
 //!   flushes every outstanding WR and own-RQ receive with WR_FLUSH_ERR, and WRs posted in ERR

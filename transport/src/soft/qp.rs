@@ -456,25 +456,22 @@ impl QpShared {
         status: WcStatus,
         byte_len: u32,
     ) {
-        self.send_cq.push(
-            Cqe {
-                wc: WorkCompletion {
-                    wr_id,
-                    status,
-                    opcode: send_opcode(op),
-                    byte_len,
-                    qp_num: self.qp_num,
-                    ..Default::default()
-                },
-                retire: Some((self.retired.clone(), seq)),
+        self.send_cq.push_send(Cqe {
+            wc: WorkCompletion {
+                wr_id,
+                status,
+                opcode: send_opcode(op),
+                byte_len,
+                qp_num: self.qp_num,
+                ..Default::default()
             },
-            false,
-        );
+            retire: Some((self.retired.clone(), seq)),
+        });
     }
 
     #[inline]
     pub(crate) fn complete_recv(&self, wc: WorkCompletion, solicited: bool) {
-        self.recv_cq.push(
+        self.recv_cq.push_recv(
             Cqe {
                 wc: WorkCompletion {
                     qp_num: self.qp_num,

@@ -265,6 +265,27 @@ impl Rig {
         }
     }
 
+    /// Polls both sides until a few passes in a row find nothing: what is already in either
+    /// CQ is reaped (a CQ keeps send and receive completions apart, so the group having no
+    /// request in use says nothing about receives still queued).
+    pub fn run_until_quiet(&mut self) {
+        const QUIET_PASSES: u32 = 3;
+        let deadline = Instant::now() + patience();
+        let mut quiet = 0;
+        while quiet < QUIET_PASSES {
+            if self.poll_pg() + self.poll_host() == 0 {
+                quiet += 1;
+            } else {
+                quiet = 0;
+                assert!(
+                    Instant::now() < deadline,
+                    "never quiet: stats {:?}",
+                    self.pg.stats()
+                );
+            }
+        }
+    }
+
     /// Every receive slot is on the SRQ again, and no request or buffer is held.
     pub fn assert_nothing_leaked(&mut self) {
         let depth = self.pg.config().srq_depth;

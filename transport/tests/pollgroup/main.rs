@@ -109,6 +109,7 @@ fn orphans(flavor: Flavor) {
     rig.run_until("every host send to settle", |r| {
         (0..N).all(|i| r.host.ok[i] + r.host.failed[i] >= 12) && r.pg.requests_in_use() == 0
     });
+    rig.run_until_quiet();
     let stats = rig.pg.stats();
     // Receive side: every receive that completed was delivered, discarded or orphaned.
     let consumed = stats.capsules + stats.discarded + stats.orphans;
