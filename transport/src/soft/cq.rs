@@ -5,7 +5,9 @@
 //! queued apart, each lane `depth` deep. On the in-process fabric the two are written by
 //! different cores (a QP's own sends complete on the poster's core, its receives on the
 //! peer's), and one shared queue made both cores write its tail for every I/O: that line
-//! moving between them was the largest share of the in-process fabric's time. Order is kept
+//! moving between them was the largest share of the in-process fabric's time. The receive
+//! lane, the one that crosses cores, is a ring whose consumer reads only the next slot
+//! (recv_ring.rs); the send lane, filled on the owner's core, a crossbeam queue. Order is kept
 //! within each work queue (a QP's send queue, its receive queue or SRQ), which is what verbs
 //! promises; there is no order between a QP's send and receive completions, as on hardware. A
 //! poll takes the send lane first (it frees send-queue slots and the requests behind them).
@@ -33,6 +35,7 @@ use crossbeam_queue::ArrayQueue;
 use super::channel::{EventQueue, SoftCompChannel};
 use super::device::DeviceInner;
 use super::qp::QpShared;
+use super::recv_ring::RecvRing;
 use super::tcp::TcpPoller;
 use crate::error::{Result, TransportError};
 use crate::provider::CqOps;
@@ -43,6 +46,13 @@ use crate::types::*;
 pub(crate) struct Cqe {
     pub(crate) wc: WorkCompletion,
     pub(crate) retire: Option<(Arc<AtomicU64>, u64)>,
+}
+
+/// Which lane a completion goes to.
+#[derive(Clone, Copy)]
+enum Lane {
+    Send,
+    Recv,
 }
 
 const FAULT_DELAY: u8 = 1;
@@ -65,7 +75,7 @@ pub(crate) struct CqInner {
     /// Send-queue completions (requester side).
     send_lane: ArrayQueue<Cqe>,
     /// Receive completions (responder side).
-    recv_lane: ArrayQueue<Cqe>,
+    recv_lane: RecvRing,
     channel: Option<Arc<EventQueue<u32>>>,
     armed: AtomicU8,
     overrun: AtomicBool,
@@ -84,36 +94,40 @@ impl CqInner {
     }
 
     /// Queue a send-queue completion (any thread).
+    ///
+    /// The common case (not armed, no fault injection) is inlined into the caller, so the
+    /// completion is built straight into the lane's slot: passed by value to an out-of-line
+    /// push, it was copied through the stack, its 16-byte loads stalling on the caller's
+    /// narrower stores (store-forwarding), a third of this function's samples.
     #[inline]
     pub(crate) fn push_send(&self, cqe: Cqe) {
-        self.push(&self.send_lane, cqe, false);
+        if self.slow_push() {
+            self.push_slow(Lane::Send, cqe, false);
+        } else if let Err(lost) = self.send_lane.push(cqe) {
+            self.overran(&lost.wc);
+        }
     }
 
     /// Queue a receive completion (any thread). `solicited`: the message asked for a solicited
     /// event.
     #[inline]
-    pub(crate) fn push_recv(&self, cqe: Cqe, solicited: bool) {
-        self.push(&self.recv_lane, cqe, solicited);
-    }
-
-    /// The common case (not armed, no fault injection) is inlined into the caller, so the
-    /// completion is built straight into the lane's slot: passed by value to an out-of-line
-    /// push, it was copied through the stack, its 16-byte loads stalling on the caller's
-    /// narrower stores (store-forwarding), a third of this function's samples.
-    #[inline(always)]
-    fn push(&self, lane: &ArrayQueue<Cqe>, cqe: Cqe, solicited: bool) {
-        if self.armed.load(Ordering::Acquire) != ARM_NONE
-            || self.faults.load(Ordering::Acquire) != 0
-        {
-            self.push_slow(lane, cqe, solicited);
-        } else if let Err(lost) = lane.push(cqe) {
-            self.overran(&lost);
+    pub(crate) fn push_recv(&self, wc: WorkCompletion, solicited: bool) {
+        if self.slow_push() {
+            self.push_slow(Lane::Recv, Cqe { wc, retire: None }, solicited);
+        } else if !self.recv_lane.push(&wc) {
+            self.overran(&wc);
         }
     }
 
-    /// [`push`](Self::push) when armed or with faults switched on.
+    /// Armed for an event, or a fault switched on.
+    #[inline(always)]
+    fn slow_push(&self) -> bool {
+        self.armed.load(Ordering::Acquire) != ARM_NONE || self.faults.load(Ordering::Acquire) != 0
+    }
+
+    /// A push when armed or with faults switched on.
     #[inline(never)]
-    fn push_slow(&self, lane: &ArrayQueue<Cqe>, cqe: Cqe, solicited: bool) {
+    fn push_slow(&self, lane: Lane, cqe: Cqe, solicited: bool) {
         let notify = self.armed.load(Ordering::Acquire) != ARM_NONE
             && (self.armed.load(Ordering::Acquire) == ARM_ANY
                 || solicited
@@ -124,9 +138,21 @@ impl CqInner {
                 .unwrap_or_else(|e| e.into_inner())
                 .q
                 .push_back((Instant::now(), cqe));
-        } else if let Err(lost) = lane.push(cqe) {
-            self.overran(&lost);
-            return;
+        } else {
+            let queued = match lane {
+                Lane::Send => self.send_lane.push(cqe).map_err(|lost| lost.wc),
+                Lane::Recv => {
+                    if self.recv_lane.push(&cqe.wc) {
+                        Ok(())
+                    } else {
+                        Err(cqe.wc)
+                    }
+                }
+            };
+            if let Err(lost) = queued {
+                self.overran(&lost);
+                return;
+            }
         }
         if notify && self.armed.swap(ARM_NONE, Ordering::AcqRel) != ARM_NONE {
             if let Some(ch) = &self.channel {
@@ -137,13 +163,13 @@ impl CqInner {
 
     /// A completion found the queue full: it is lost and the CQ is in error from now on.
     #[cold]
-    fn overran(&self, lost: &Cqe) {
+    fn overran(&self, lost: &WorkCompletion) {
         if !self.overrun.swap(true, Ordering::AcqRel) {
             tracing::error!(
                 cq = self.id,
                 depth = self.depth,
-                qp = lost.wc.qp_num,
-                wr_id = lost.wc.wr_id,
+                qp = lost.qp_num,
+                wr_id = lost.wr_id,
                 "soft CQ overrun: completion lost; the CQ is in error"
             );
             self.dev.raise(AsyncEventKind::CqErr { cq_id: self.id });
@@ -198,8 +224,8 @@ impl CqInner {
             if self.faults_used.load(Ordering::Acquire) && self.held_nonempty() {
                 n = self.poll_held(out, 0);
             }
-            n += Self::pop_lane(&self.send_lane, &mut out[n..]);
-            n += Self::pop_lane(&self.recv_lane, &mut out[n..]);
+            n += Self::pop_sends(&self.send_lane, &mut out[n..]);
+            n += self.recv_lane.pop(&mut out[n..]);
         } else {
             n = self.poll_held(out, faults);
         }
@@ -209,7 +235,7 @@ impl CqInner {
     /// Pops only what is there: a pop that finds the lane empty costs a SeqCst fence
     /// (crossbeam's emptiness check), which a busy poller would pay on every poll.
     #[inline(always)]
-    fn pop_lane(lane: &ArrayQueue<Cqe>, out: &mut [WorkCompletion]) -> usize {
+    fn pop_sends(lane: &ArrayQueue<Cqe>, out: &mut [WorkCompletion]) -> usize {
         let ready = lane.len().min(out.len());
         let mut n = 0;
         while n < ready {
@@ -244,8 +270,13 @@ impl CqInner {
         while let Some(c) = self.send_lane.pop() {
             h.q.push_back((now, c));
         }
-        while let Some(c) = self.recv_lane.pop() {
-            h.q.push_back((now, c));
+        let mut recvs = [WorkCompletion::default(); 16];
+        loop {
+            let n = self.recv_lane.pop(&mut recvs);
+            if n == 0 {
+                break;
+            }
+            h.q.extend(recvs[..n].iter().map(|&wc| (now, Cqe { wc, retire: None })));
         }
         let delay = if faults & FAULT_DELAY != 0 {
             h.delay
@@ -318,7 +349,7 @@ impl SoftCq {
             depth,
             dev: dev.clone(),
             send_lane: ArrayQueue::new(depth as usize),
-            recv_lane: ArrayQueue::new(depth as usize),
+            recv_lane: RecvRing::new(depth),
             channel: channel.map(|c| c.inner.clone()),
             armed: AtomicU8::new(ARM_NONE),
             overrun: AtomicBool::new(false),

@@ -268,7 +268,7 @@ impl DeviceInner {
             max_qp_wr: c.max_qp_wr,
             max_sge: c.max_sge,
             max_cq: 1 << 20,
-            max_cqe: c.max_cqe,
+            max_cqe: c.max_cqe.min(super::recv_ring::MAX_DEPTH),
             max_mr: 1 << 21,
             max_pd: 1 << 20,
             max_qp_rd_atom: c.max_qp_rd_atom,
@@ -363,7 +363,7 @@ impl ContextOps<Soft> for SoftContext {
         SoftCompChannel::new()
     }
     fn create_cq(&self, depth: u32, channel: Option<&SoftCompChannel>) -> Result<SoftCq> {
-        let max = self.inner.cfg.max_cqe;
+        let max = self.inner.cfg.max_cqe.min(super::recv_ring::MAX_DEPTH);
         if depth > max {
             return Err(TransportError::Limit {
                 what: "max_cqe",

@@ -87,6 +87,7 @@ mod fault;
 mod inproc;
 mod mem;
 mod qp;
+mod recv_ring;
 mod srq;
 mod tcp;
 #[cfg(test)]

@@ -472,12 +472,9 @@ impl QpShared {
     #[inline]
     pub(crate) fn complete_recv(&self, wc: WorkCompletion, solicited: bool) {
         self.recv_cq.push_recv(
-            Cqe {
-                wc: WorkCompletion {
-                    qp_num: self.qp_num,
-                    ..wc
-                },
-                retire: None,
+            WorkCompletion {
+                qp_num: self.qp_num,
+                ..wc
             },
             solicited,
         );
