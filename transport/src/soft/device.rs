@@ -11,6 +11,7 @@ use super::channel::{EventQueue, SoftCompChannel};
 use super::cq::CqInner;
 use super::mem::{KeyTable, SOFT_MAX_SGE, SoftMw, Source};
 use super::qp::QpShared;
+use super::recv_ring::MAX_DEPTH as MAX_RING_DEPTH;
 use super::tcp::TcpFabric;
 use super::{Soft, SoftCq, SoftMr, SoftQp, SoftSrq};
 use crate::error::{Result, TransportError};
@@ -84,6 +85,13 @@ pub(crate) fn open(cfg: &SoftConfig) -> Result<SoftContext> {
         return Err(TransportError::InvalidArgument(format!(
             "max_qp {} exceeds the 24-bit QP space",
             cfg.max_qp
+        )));
+    }
+    // A CQ's receive lane is a ring whose slots carry a position mark of limited width.
+    if cfg.max_cqe > MAX_RING_DEPTH {
+        return Err(TransportError::InvalidArgument(format!(
+            "soft device max_cqe must be at most {MAX_RING_DEPTH}, not {}",
+            cfg.max_cqe
         )));
     }
     let index = reg.len() as u16;
@@ -268,7 +276,7 @@ impl DeviceInner {
             max_qp_wr: c.max_qp_wr,
             max_sge: c.max_sge,
             max_cq: 1 << 20,
-            max_cqe: c.max_cqe.min(super::recv_ring::MAX_DEPTH),
+            max_cqe: c.max_cqe,
             max_mr: 1 << 21,
             max_pd: 1 << 20,
             max_qp_rd_atom: c.max_qp_rd_atom,
@@ -363,7 +371,7 @@ impl ContextOps<Soft> for SoftContext {
         SoftCompChannel::new()
     }
     fn create_cq(&self, depth: u32, channel: Option<&SoftCompChannel>) -> Result<SoftCq> {
-        let max = self.inner.cfg.max_cqe.min(super::recv_ring::MAX_DEPTH);
+        let max = self.inner.cfg.max_cqe;
         if depth > max {
             return Err(TransportError::Limit {
                 what: "max_cqe",

@@ -1121,6 +1121,20 @@ fn srq_limit_event_one_shot() {
 }
 
 #[test]
+fn a_cq_limit_past_the_rings_position_mark_is_refused_by_name() {
+    let cfg = SoftConfig {
+        name: "too-deep-cq".into(),
+        max_cqe: 1 << 30,
+        ..SoftConfig::default()
+    };
+    let Err(err) = Soft::open(&cfg) else {
+        panic!("max_cqe past the limit opened");
+    };
+    let err = err.to_string();
+    assert!(err.contains("max_cqe") && err.contains("at most"), "{err}");
+}
+
+#[test]
 fn devices_registry() {
     let list = Soft::devices().unwrap();
     assert!(!list.is_empty());
