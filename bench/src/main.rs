@@ -2,7 +2,6 @@
 //! min, max). `scripts/bench.sh` runs them all and writes build/bench/bench.json.
 #![forbid(unsafe_code)]
 
-mod busy;
 mod cost;
 mod host;
 mod runs;

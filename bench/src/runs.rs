@@ -13,10 +13,9 @@ use nvmf_initiator::perf::job::JobSpec;
 use nvmf_initiator::perf::runner::{RunConfig, run};
 use nvmf_initiator::perf::workload::Pattern;
 use nvmf_initiator::rdma::RdmaFabric;
-use nvmf_poller::{Runtime, RuntimeConfig};
+use nvmf_poller::{BusyWindow, Runtime, RuntimeConfig};
 
 use crate::Common;
-use crate::busy::BusyWindow;
 use crate::host;
 use crate::stats::{Collector, Metric, Section};
 use crate::target::{self, Daemon, InProcessTarget};
@@ -30,6 +29,10 @@ const BUSY_NOTE: &str = "target busy %: share of the run's wall time (from the p
      to its drain) the target reactor spent in passes that found work (its own busy-time \
      counter, as SPDK's reactors count busy ticks); below 100 % the target waited for \
      commands and the host side bound the IOPS.";
+
+const HOST_BUSY_NOTE: &str = "host busy %: the same share for the initiator's reactor (nvmf-perf's \
+     report); IOPS / host busy: what the one initiator core would carry busy all the time, a \
+     low estimate (fed faster, its passes batch more).";
 
 fn command_line() -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -144,6 +147,14 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
                 c.add(&case, "avg us", report.total.avg_us);
                 c.add(&case, "p99 us", report.total.p99_us);
                 c.add(&case, "target busy %", target_busy);
+                if let Some(&host_busy) = report.host_busy_percent.first() {
+                    c.add(&case, "host busy %", host_busy);
+                    c.add(
+                        &case,
+                        "IOPS / host busy",
+                        report.total.iops * 100.0 / host_busy.max(1.0),
+                    );
+                }
             }
         }
     }
@@ -155,7 +166,7 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
             .into(),
         command: command_line(),
         rows: c.rows(),
-        notes: vec![BUSY_NOTE.into()],
+        notes: vec![BUSY_NOTE.into(), HOST_BUSY_NOTE.into()],
     })
 }
 

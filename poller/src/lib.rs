@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod busy;
 mod config;
 pub mod cputime;
 mod error;
@@ -46,6 +47,7 @@ mod runtime;
 mod stats;
 mod timer;
 
+pub use busy::BusyWindow;
 pub use config::{DEFAULT_DRAIN_TIMEOUT, DEFAULT_IDLE_AFTER, RuntimeConfig};
 pub use error::PollerError;
 pub use handle::{Message, ReactorHandle};

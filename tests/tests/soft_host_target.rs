@@ -233,6 +233,16 @@ fn host_and_target_move_verified_data(
     let report = run(&mut controller, &cfg, |_| {}).expect("perf run");
     assert!(report.passed(), "{}", report.to_text());
     assert!(report.total.ios > 0);
+    // Both host reactors ran jobs and did work: one busy share each, within (0, 100].
+    assert_eq!(report.host_busy_percent.len(), 2, "{report:?}");
+    assert!(
+        report
+            .host_busy_percent
+            .iter()
+            .all(|&p| p > 0.0 && p <= 100.0),
+        "{report:?}"
+    );
+    assert!(report.to_text().contains("host reactor busy"));
     controller.shutdown().expect("clean shutdown");
     transport
         .stop(Duration::from_secs(5))

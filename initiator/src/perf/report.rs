@@ -199,6 +199,11 @@ pub struct Report {
     pub ios_after_reconnect: u64,
     /// The controller was connected when the run ended.
     pub connected_at_end: bool,
+    /// Per host reactor that ran jobs (in the order of the run's cores): the share of the
+    /// measured window its loop spent in passes that found work, in percent. Below 100 the
+    /// host waited for completions (the target bound the run); IOPS / busy share then
+    /// estimates what the host cores could carry.
+    pub host_busy_percent: Vec<f64>,
 }
 
 impl Report {
@@ -229,6 +234,7 @@ impl Report {
             reconnects: 0,
             ios_after_reconnect: 0,
             connected_at_end: true,
+            host_busy_percent: Vec::new(),
         }
     }
 
@@ -271,6 +277,17 @@ impl Report {
             "errors: {}  verify failures: {}  run time: {:.2} s\n",
             self.total.errors, self.total.verify_failures, self.seconds
         ));
+        if !self.host_busy_percent.is_empty() {
+            let shares: Vec<String> = self
+                .host_busy_percent
+                .iter()
+                .map(|p| format!("{p:.1} %"))
+                .collect();
+            s.push_str(&format!(
+                "host reactor busy (passes that found work): {}\n",
+                shares.join(", ")
+            ));
+        }
         if self.total.lost > 0 || self.reconnects > 0 || !self.connected_at_end {
             s.push_str(&format!(
                 "lost with the connection: {}  reconnects: {}  I/O after the last reconnect: {}  \

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use nvmf_poller::{Arm, PollStatus, Poller, PollerId, ReactorCtx, Runtime, RuntimeConfig, WakeFds};
+use nvmf_poller::{
+    Arm, BusyWindow, PollStatus, Poller, PollerId, ReactorCtx, Runtime, RuntimeConfig, WakeFds,
+};
 
 use crate::controller::{Controller, ControllerState};
 use crate::error::{Error, Result};
@@ -164,6 +166,10 @@ where
             .map_err(poller_error)?;
         ids.push((r, id));
     }
+    let busy: Vec<BusyWindow> = ids
+        .iter()
+        .map(|&(r, _)| BusyWindow::start(&runtime.reactors()[r]))
+        .collect();
     let deadline = start + cfg.duration;
     let mut last = (start, 0u64, 0u64);
     let mut reconnects = controller.reconnects();
@@ -214,6 +220,8 @@ where
             .map_err(poller_error)?;
     }
     let elapsed = start.elapsed();
+    let host_busy_percent: Vec<f64> = busy.iter().map(BusyWindow::percent).collect();
+    drop(busy);
     let mut results: Vec<JobResult> = Vec::new();
     for &(r, id) in &ids {
         let handle = &runtime.reactors()[r];
@@ -251,6 +259,7 @@ where
     let mut report = Report::build(&results, elapsed);
     report.reconnects = controller.reconnects();
     report.connected_at_end = *controller.state() == ControllerState::Live;
+    report.host_busy_percent = host_busy_percent;
     report.ios_after_reconnect = ios_at_reconnect.map_or(0, |at| {
         progress.ios.load(Ordering::Relaxed).saturating_sub(at)
     });

@@ -1,12 +1,12 @@
-//! How busy the target's reactor was during a measured run: the share of wall time its loop
-//! spent in passes that found work (the reactor's own busy-time counter, as SPDK's reactors
-//! report busy and idle ticks). Below 100 %, the target waited for work and the IOPS figure
-//! was bound by the host side; IOPS / busy share then estimates what the target reactor
-//! could carry (a low estimate: fed faster, its passes would batch more).
+//! How busy a reactor was during a measured window: the share of wall time its loop spent in
+//! passes that found work (its own busy-time counter, as SPDK's reactors report busy and idle
+//! ticks). Below 100 %, the reactor waited for work and something else bound the throughput;
+//! throughput / busy share then estimates what the reactor could carry (a low estimate: fed
+//! faster, its passes would batch more).
 
 use std::time::{Duration, Instant};
 
-use nvmf_poller::ReactorHandle;
+use crate::ReactorHandle;
 
 /// A measurement window over one reactor's busy-time counter.
 pub struct BusyWindow<'a> {
