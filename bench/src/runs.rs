@@ -307,9 +307,11 @@ pub fn qpairs(
             let busy = inproc
                 .as_ref()
                 .map(|t| BusyWindow::start(&t.runtime().reactors()[0]));
+            let host_window = BusyWindow::start(&runtime.reactors()[0]);
             let (report, queues) =
                 run.drive(&runtime.reactors()[0], &mut controllers, common.duration())?;
             let target_busy = busy.map(|b| b.percent());
+            let host_busy = host_window.percent();
             // Dropping a queue disconnects it (quietly, unlike `disconnect`).
             drop(queues);
             for mut ctrl in controllers {
@@ -331,6 +333,7 @@ pub fn qpairs(
                     "IOPS / target busy",
                     report.total.iops * 100.0 / percent.max(1.0),
                 );
+                c.add(&case, "host busy %", host_busy);
             }
             // Freed memory is not given back to the system: after a bigger case, RSS stays
             // high, so only the first run (cases in ascending order) measures it.
@@ -362,7 +365,8 @@ pub fn qpairs(
         if fabric_name == "inproc" {
             notes.push(format!(
                 "{BUSY_NOTE} IOPS / target busy: what the target reactor would carry busy all \
-                 the time, a low estimate (fed faster, its passes batch more)."
+                 the time, a low estimate (fed faster, its passes batch more). host busy %: the \
+                 same share for the host's reactor over the run (its drain included)."
             ));
         }
         notes
