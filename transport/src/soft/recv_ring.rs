@@ -128,6 +128,8 @@ impl RecvRing {
     /// completion is not queued). `wc.qp_num` and `wc.src_qp` are 24-bit QP numbers.
     #[inline(always)]
     pub(crate) fn push(&self, wc: &WorkCompletion) -> bool {
+        // The soft provider never sets a receive's vendor_err; its QP numbers are 24-bit.
+        debug_assert!(wc.vendor_err == 0 && wc.qp_num <= 0x00ff_ffff, "{wc:?}");
         let (tail, head_seen) = &self.tail.0;
         let mut position = tail.load(Ordering::Relaxed);
         loop {
