@@ -3,8 +3,7 @@
 //! drains. What differs:
 //!
 //! - receives go to an SRQ or to each qpair's own receive queue (`RecvMode::PerQpair`: the
-//!   group assigns a qpair its slots when it joins and re-posts them to its QP, lazily: only
-//!   once fewer than its depth are posted, then all at once; see `recv`);
+//!   group assigns a qpair its slots when it joins and re-posts them to its QP);
 //! - requests are born by `submit` (not by a received capsule): the initiator writes the
 //!   64-byte SQE (and in-capsule data) into the request's buffer and posts its SEND with
 //!   `post_chain(req, .., false)`; the target moves the data (RDMA READ / WRITE);

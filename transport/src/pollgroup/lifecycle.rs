@@ -150,7 +150,7 @@ impl<R: Default> PollGroup<R> {
         let recvs = self.recvs_per_qpair();
         if recvs > 0 {
             // check_room made sure the pool has them; posted at the end of the poll.
-            self.recv.assign(index, recvs, depth);
+            self.recv.assign(index, recvs);
         }
         self.stats.qpairs_added += 1;
         QpRef { index, generation }

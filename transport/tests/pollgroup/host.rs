@@ -120,11 +120,8 @@ pub fn host_group_round_trips(flavor: Flavor) {
     assert_eq!(i.early, 0, "a request completed before its response");
     assert_eq!(host.requests_in_use(), 0);
     assert_eq!(host.buffers_free(), host.config().data_buffers);
-    // The host's receives: 16 assigned, none held, at least the qpair's depth posted on its
-    // QP, the rest waiting to go back in one list once fewer are posted (re-posted lazily).
-    let (posted, queued, held) = host.recv_accounting();
-    assert_eq!((posted + queued, held), (16, 0));
-    assert!(posted >= depth, "{posted} posted for depth {depth}");
+    // The host's receives are on its QP: 16 assigned, all posted again.
+    assert_eq!(host.recv_accounting().0, 16);
     // The qpair goes: its slots return to the pool.
     host.destroy_qpair(&mut i, hqpn);
     assert_eq!(host.recv_accounting(), (0, 0, 0));
