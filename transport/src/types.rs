@@ -357,6 +357,36 @@ pub enum WcStatus {
     GeneralErr,
 }
 
+impl WcStatus {
+    /// Every status, in the order of its discriminant (a soft CQ's receive ring stores the
+    /// index).
+    #[cfg(any(test, feature = "soft"))]
+    pub(crate) const ALL: [WcStatus; 22] = [
+        WcStatus::Success,
+        WcStatus::LocLenErr,
+        WcStatus::LocQpOpErr,
+        WcStatus::LocEecOpErr,
+        WcStatus::LocProtErr,
+        WcStatus::WrFlushErr,
+        WcStatus::MwBindErr,
+        WcStatus::BadRespErr,
+        WcStatus::LocAccessErr,
+        WcStatus::RemInvReqErr,
+        WcStatus::RemAccessErr,
+        WcStatus::RemOpErr,
+        WcStatus::RetryExcErr,
+        WcStatus::RnrRetryExcErr,
+        WcStatus::LocRddViolErr,
+        WcStatus::RemInvRdReqErr,
+        WcStatus::RemAbortErr,
+        WcStatus::InvEecnErr,
+        WcStatus::InvEecStateErr,
+        WcStatus::FatalErr,
+        WcStatus::RespTimeoutErr,
+        WcStatus::GeneralErr,
+    ];
+}
+
 /// `enum ibv_wc_opcode`. Valid only when the status is Success (verbs leaves it undefined on
 /// errors): classify failed completions by their wr_id.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -371,6 +401,22 @@ pub enum WcOpcode {
     LocalInv,
     Recv,
     RecvRdmaWithImm,
+}
+
+impl WcOpcode {
+    /// Every opcode, in the order of its discriminant.
+    #[cfg(any(test, feature = "soft"))]
+    pub(crate) const ALL: [WcOpcode; 9] = [
+        WcOpcode::Send,
+        WcOpcode::RdmaWrite,
+        WcOpcode::RdmaRead,
+        WcOpcode::CompSwap,
+        WcOpcode::FetchAdd,
+        WcOpcode::BindMw,
+        WcOpcode::LocalInv,
+        WcOpcode::Recv,
+        WcOpcode::RecvRdmaWithImm,
+    ];
 }
 
 /// A work completion. Plain `Copy` data so a batch is polled into a caller's slice.
@@ -534,3 +580,20 @@ pub enum CmEventKind {
 
 /// How long a connect may take before it is reported as `Unreachable`.
 pub const DEFAULT_CM_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::{WcOpcode, WcStatus};
+
+    #[test]
+    fn the_variant_lists_follow_the_discriminants_to_the_last_variant() {
+        for (i, s) in WcStatus::ALL.iter().enumerate() {
+            assert_eq!(*s as usize, i, "{s:?}");
+        }
+        assert_eq!(WcStatus::ALL.len(), WcStatus::GeneralErr as usize + 1);
+        for (i, o) in WcOpcode::ALL.iter().enumerate() {
+            assert_eq!(*o as usize, i, "{o:?}");
+        }
+        assert_eq!(WcOpcode::ALL.len(), WcOpcode::RecvRdmaWithImm as usize + 1);
+    }
+}
