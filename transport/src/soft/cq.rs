@@ -119,6 +119,22 @@ impl CqInner {
         }
     }
 
+    /// Queue receive completions in order (one in-process list's deliveries into one QP):
+    /// one claim of the ring for them all. Bit `i` of `solicited` is `wcs[i]`'s.
+    #[inline]
+    pub(crate) fn push_recvs(&self, wcs: &[WorkCompletion], solicited: u64) {
+        if self.slow_push() {
+            for (i, wc) in wcs.iter().enumerate() {
+                self.push_recv(*wc, solicited >> i & 1 != 0);
+            }
+            return;
+        }
+        let queued = self.recv_lane.push_all(wcs);
+        if let Some(lost) = wcs.get(queued) {
+            self.overran(lost);
+        }
+    }
+
     /// Armed for an event, or a fault switched on.
     #[inline(always)]
     fn slow_push(&self) -> bool {

@@ -8,10 +8,16 @@
 //! rkey, bounds or access moves the responder to ERR with QP_ACCESS_ERR (requester:
 //! REM_ACCESS_ERR). A peer that is gone (destroyed, in ERR, link down) never answers: the
 //! requester's retries are exhausted at once (RETRY_EXC_ERR).
+//!
+//! A `post_send` list runs in one [`ListScope`]: the keys it uses are pinned once and the
+//! responder's in-delivery count is taken once for the whole list, not per work request.
 
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
-use super::mem::{self, SgList};
+use arrayvec::ArrayVec;
+
+use super::mem::{self, PinCache, SgList};
 use super::qp::QpShared;
 use crate::types::*;
 
@@ -67,6 +73,125 @@ impl Src<'_, '_> {
     }
 }
 
+/// What the work requests of one `post_send` list share: the key pins and the responder's
+/// in-delivery count (LAST_WQE_REACHED waits for it), each taken at first use and given back
+/// when the scope is dropped or [`release`](Self::release)d. Release it before anything that
+/// may wait for a pin (a local bind, the send queue's lock).
+pub(crate) struct ListScope<'a> {
+    pins: PinCache<'a>,
+    batch: bool,
+    delivering: Cell<Option<&'a QpShared>>,
+    /// The successful receive completions of the deliveries into `delivering`, queued onto its
+    /// CQ together (one claim of the ring's tail, after the copies rather than between them)
+    /// before the delivery count is given back.
+    completions: RefCell<Completions>,
+}
+
+/// Receive completions a scope holds at most before it queues them.
+const COMPLETIONS: usize = 32;
+
+#[derive(Default)]
+struct Completions {
+    wcs: ArrayVec<WorkCompletion, COMPLETIONS>,
+    /// Bit `i`: `wcs[i]`'s message asked for a solicited event.
+    solicited: u64,
+}
+
+impl<'a> ListScope<'a> {
+    /// `batch`: the list is long enough for pins and completions to be shared (a key used
+    /// twice, several receives of the responder); else each work request pins and completes on
+    /// its own, as that costs less.
+    pub(crate) fn new(batch: bool) -> ListScope<'a> {
+        ListScope {
+            pins: PinCache::new(batch),
+            batch,
+            delivering: Cell::new(None),
+            completions: RefCell::new(Completions::default()),
+        }
+    }
+
+    /// Count this list as delivering into `peer` (once per list).
+    #[inline(always)]
+    fn hold_delivery(&self, peer: &'a QpShared) {
+        match self.delivering.get() {
+            Some(held) if std::ptr::eq(held, peer) => {}
+            other => {
+                peer.begin_delivery();
+                if let Some(previous) = other {
+                    self.queue_completions();
+                    previous.end_delivery();
+                }
+                self.delivering.set(Some(peer));
+            }
+        }
+    }
+
+    /// A delivery into the held responder succeeded: its receive completion (queued with the
+    /// list's others).
+    #[inline(always)]
+    fn complete_recv(&self, peer: &QpShared, wc: WorkCompletion, solicited: bool) {
+        if !self.batch {
+            peer.complete_recv(wc, solicited);
+            return;
+        }
+        let full = {
+            let mut held = self.completions.borrow_mut();
+            let index = held.wcs.len();
+            held.solicited |= u64::from(solicited) << index;
+            held.wcs.push(wc);
+            held.wcs.is_full()
+        };
+        if full {
+            self.queue_completions();
+        }
+    }
+
+    /// Queue the held receive completions onto the responder's CQ now (before anything else
+    /// completes a receive of it: a failed delivery, a flush).
+    #[inline(always)]
+    pub(crate) fn queue_completions(&self) {
+        if self.batch {
+            self.queue_held();
+        }
+    }
+
+    #[inline(never)]
+    fn queue_held(&self) {
+        let mut held = self.completions.borrow_mut();
+        if held.wcs.is_empty() {
+            return;
+        }
+        if let Some(peer) = self.delivering.get() {
+            match held.wcs.as_slice() {
+                [one] => peer.complete_recv(*one, held.solicited != 0),
+                all => peer.complete_recvs(all, held.solicited),
+            }
+        }
+        held.wcs.clear();
+        held.solicited = 0;
+    }
+
+    /// Queue the held completions, give back the pins and the delivery count now.
+    #[inline]
+    pub(crate) fn release(&mut self) {
+        self.queue_completions();
+        self.pins.release();
+        if let Some(peer) = self.delivering.take() {
+            peer.end_delivery();
+        }
+    }
+}
+
+impl Drop for ListScope<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.queue_completions();
+        if let Some(peer) = self.delivering.take() {
+            peer.end_delivery();
+        }
+    }
+}
+
 fn responder_ready(peer: &QpShared) -> Result<(), Outcome> {
     if !peer.is_live() {
         return Err(Outcome::Fail(WcStatus::RetryExcErr));
@@ -91,23 +216,30 @@ fn access_violation(peer: &Arc<QpShared>) -> Outcome {
 /// range; else the responder goes to ERR and the requester gets REM_ACCESS_ERR. Inlined (an
 /// RDMA WRITE or READ per NVMe transfer): as a call it returned the pinned range through memory.
 #[inline(always)]
-fn remote_range<'a>(
+fn remote_range<'s, 'a>(
+    scope: &'s ListScope<'a>,
     peer: &'a Arc<QpShared>,
     rkey: u32,
     addr: u64,
     len: u64,
     access: Access,
-) -> Result<mem::KeyRef<'a>, Outcome> {
+) -> Result<mem::KeyRef<'s>, Outcome> {
     if !peer.grants_remote(access) {
         return Err(access_violation(peer));
     }
-    peer.dev()
-        .keys
-        .lookup(rkey, true, peer.pd(), addr, len, access)
+    scope
+        .pins
+        .lookup(&peer.dev().keys, rkey, true, peer.pd(), addr, len, access)
         .map_err(|_| access_violation(peer))
 }
 
-pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> Outcome {
+/// Execute one work request against the responder `peer`, in `scope` (its list's).
+pub(crate) fn execute<'a>(
+    req: &'a QpShared,
+    peer: &'a Arc<QpShared>,
+    wr: &WrView<'_>,
+    scope: &ListScope<'a>,
+) -> Outcome {
     if req.link_is_down() {
         return Outcome::Fail(WcStatus::RetryExcErr);
     }
@@ -119,7 +251,14 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
     let mut local = SgList::new();
     let src = match wr.data {
         Data::Sges(sges) => {
-            match mem::resolve_local_into(&mut local, &req.dev().keys, req.pd(), sges, local_need) {
+            match mem::resolve_local_cached(
+                &mut local,
+                &scope.pins,
+                &req.dev().keys,
+                req.pd(),
+                sges,
+                local_need,
+            ) {
                 Ok(()) => Src::Sg(&local),
                 Err(_) => return Outcome::Fail(WcStatus::LocProtErr),
             }
@@ -150,7 +289,7 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
             if len == 0 {
                 return Outcome::Done { byte_len: 0 };
             }
-            let r = match remote_range(peer, rkey, remote_addr, len, Access::REMOTE_WRITE) {
+            let r = match remote_range(scope, peer, rkey, remote_addr, len, Access::REMOTE_WRITE) {
                 Ok(r) => r,
                 Err(o) => return o,
             };
@@ -168,7 +307,7 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
             if len == 0 {
                 return Outcome::Done { byte_len: 0 };
             }
-            let r = match remote_range(peer, rkey, remote_addr, len, Access::REMOTE_READ) {
+            let r = match remote_range(scope, peer, rkey, remote_addr, len, Access::REMOTE_READ) {
                 Ok(r) => r,
                 Err(o) => return o,
             };
@@ -187,17 +326,17 @@ pub(crate) fn execute(req: &QpShared, peer: &Arc<QpShared>, wr: &WrView<'_>) -> 
             };
         }
     };
-    deliver(req, peer, &src, wr, imm, inv, opcode, write)
+    deliver(req, peer, scope, &src, wr, imm, inv, opcode, write)
 }
 
 /// A message that consumes a receive at the responder (SEND*, RDMA WRITE with immediate).
-/// Inlined, as `deliver_inner` (one call site each): as calls they passed eight arguments
-/// through memory per SEND.
+/// Inlined (one call site): as a call it passed eight arguments through memory per SEND.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn deliver(
-    req: &QpShared,
-    peer: &Arc<QpShared>,
+fn deliver<'a>(
+    req: &'a QpShared,
+    peer: &'a Arc<QpShared>,
+    scope: &ListScope<'a>,
     src: &Src<'_, '_>,
     wr: &WrView<'_>,
     imm: Option<u32>,
@@ -205,23 +344,9 @@ fn deliver(
     opcode: WcOpcode,
     write: Option<(u64, u32)>,
 ) -> Outcome {
-    peer.delivering(|| deliver_inner(req, peer, src, wr, imm, inv, opcode, write))
-}
-
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn deliver_inner(
-    req: &QpShared,
-    peer: &Arc<QpShared>,
-    src: &Src<'_, '_>,
-    wr: &WrView<'_>,
-    imm: Option<u32>,
-    inv: Option<u32>,
-    opcode: WcOpcode,
-    write: Option<(u64, u32)>,
-) -> Outcome {
+    scope.hold_delivery(peer);
     // Re-check under the in-delivery count: a QP entering ERR now either sees our count (and
-    // leaves LAST_WQE to us) or we see its ERR and consume nothing.
+    // leaves LAST_WQE to the scope's end) or we see its ERR and consume nothing.
     if let Err(o) = responder_ready(peer) {
         return o;
     }
@@ -233,11 +358,15 @@ fn deliver_inner(
             if !peer.grants_remote(Access::REMOTE_WRITE) {
                 return access_violation(peer);
             }
-            match peer
-                .dev()
-                .keys
-                .lookup(rkey, true, peer.pd(), addr, len, Access::REMOTE_WRITE)
-            {
+            match scope.pins.lookup(
+                &peer.dev().keys,
+                rkey,
+                true,
+                peer.pd(),
+                addr,
+                len,
+                Access::REMOTE_WRITE,
+            ) {
                 Ok(r) => write_dst.push(r),
                 Err(_) => return access_violation(peer),
             }
@@ -246,6 +375,8 @@ fn deliver_inner(
     // The receive is used in place (a callback: no move of the entry out of the queue).
     let consumed = peer.pop_recv_with(|recv_wr_id, recv_sges| {
         let fail_recv = |status: WcStatus| {
+            // After the list's earlier completions of this receive queue (their order).
+            scope.queue_completions();
             peer.complete_recv(
                 WorkCompletion {
                     wr_id: recv_wr_id,
@@ -262,8 +393,9 @@ fn deliver_inner(
         let dst = if write.is_some() {
             &write_dst
         } else {
-            match mem::resolve_local_into(
+            match mem::resolve_local_cached(
                 &mut recv_dst,
+                &scope.pins,
                 &peer.dev().keys,
                 peer.recv_pd(),
                 recv_sges,
@@ -287,9 +419,11 @@ fn deliver_inner(
             }
         }
         src.copy_to(dst);
-        peer.complete_recv(
+        scope.complete_recv(
+            peer,
             WorkCompletion {
                 wr_id: recv_wr_id,
+                qp_num: peer.qp_num(),
                 status: WcStatus::Success,
                 opcode,
                 byte_len: len as u32,
@@ -308,3 +442,7 @@ fn deliver_inner(
         timer: peer.min_rnr_timer(),
     })
 }
+
+#[cfg(test)]
+#[path = "list_scope_tests.rs"]
+mod tests;

@@ -9,8 +9,13 @@
 //! increments the count (CAS, only while VALID and the generation matches) and returns a
 //! [`KeyRef`] guard that decrements it on drop. Deregistration clears VALID, then waits for
 //! the count to reach zero before the memory is freed, so no copy ever touches freed memory.
-//! Lookups never block and never allocate.
+//! Lookups never block and never allocate. A [`PinCache`] holds pins for one in-process
+//! `post_send` list: a key used again in the list is re-checked without a second pin, and
+//! each pin is dropped once, when the list is done (a locked instruction right after a copy
+//! into the other core's lines waits for those stores: two per key per work request were the
+//! largest share of the in-process copy path).
 
+use std::cell::RefCell;
 use std::ops::Range;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -83,15 +88,32 @@ pub(crate) struct KeyRef<'a> {
     addr: u64,
     len: u64,
     region: Region,
+    /// The guard holds the pins itself (false: a [`PinCache`] it borrows from holds them).
+    owns_pin: bool,
 }
 
 impl Drop for KeyRef<'_> {
     fn drop(&mut self) {
-        self.slot.state.fetch_sub(1, Ordering::Release);
-        if let Some(p) = self.parent {
-            p.state.fetch_sub(1, Ordering::Release);
+        if self.owns_pin {
+            unpin(self.slot, self.parent);
         }
     }
+}
+
+#[inline(always)]
+fn unpin(slot: &KeySlot, parent: Option<&KeySlot>) {
+    slot.state.fetch_sub(1, Ordering::Release);
+    if let Some(p) = parent {
+        p.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
+/// Whether `slot` (which the caller keeps pinned) still answers `key`: VALID with its
+/// generation (an invalidation or a deregistration begun since it was pinned says no).
+#[inline(always)]
+fn still_valid(slot: &KeySlot, key: u32) -> bool {
+    let cur = slot.state.load(Ordering::Acquire);
+    cur & VALID != 0 && (cur >> GEN_SHIFT) & 0xff == u64::from(key & 0xff)
 }
 
 /// Take an in-flight reference on `slot` if it is VALID with `generation`.
@@ -329,6 +351,7 @@ impl KeyTable {
             addr,
             len,
             region,
+            owns_pin: true,
         };
         let parent = slot.parent.load(Ordering::Relaxed);
         if parent != 0 {
@@ -338,22 +361,7 @@ impl KeyTable {
             }
             pinned.parent = Some(parent_slot);
         }
-        let flags = slot.flags.load(Ordering::Relaxed);
-        if (flags & REMOTE_KEY != 0) != remote {
-            return Err(KeyError::Unknown);
-        }
-        if slot.pd.load(Ordering::Relaxed) != pd {
-            return Err(KeyError::WrongPd);
-        }
-        let base = slot.addr.load(Ordering::Relaxed);
-        let size = slot.len.load(Ordering::Relaxed);
-        let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
-        if addr < base || end > base + size {
-            return Err(KeyError::Bounds);
-        }
-        if !Access::from_bits_truncate(flags).contains(need) {
-            return Err(KeyError::Access);
-        }
+        check_pinned(slot, remote, pd, addr, len, need)?;
         Ok(pinned)
     }
 
@@ -406,6 +414,170 @@ impl KeyTable {
     }
 }
 
+/// The checks of a lookup once `slot` is pinned (its fields are then stable): kind, PD,
+/// bounds, access.
+#[inline(always)]
+fn check_pinned(
+    slot: &KeySlot,
+    remote: bool,
+    pd: u32,
+    addr: u64,
+    len: u64,
+    need: Access,
+) -> std::result::Result<(), KeyError> {
+    let flags = slot.flags.load(Ordering::Relaxed);
+    if (flags & REMOTE_KEY != 0) != remote {
+        return Err(KeyError::Unknown);
+    }
+    if slot.pd.load(Ordering::Relaxed) != pd {
+        return Err(KeyError::WrongPd);
+    }
+    let base = slot.addr.load(Ordering::Relaxed);
+    let size = slot.len.load(Ordering::Relaxed);
+    let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
+    if addr < base || end > base + size {
+        return Err(KeyError::Bounds);
+    }
+    if !Access::from_bits_truncate(flags).contains(need) {
+        return Err(KeyError::Access);
+    }
+    Ok(())
+}
+
+/// Keys one cache holds pinned at most; past that a lookup pins for its own guard, as
+/// [`KeyTable::lookup`] does. A list's work requests use a few keys each (the target's: its
+/// buffer pool's lkey, the response lkey, the host's rkey and receive lkey).
+const PIN_CACHE: usize = 8;
+
+/// A key a [`PinCache`] holds pinned.
+struct Held<'t> {
+    table: &'t KeyTable,
+    key: u32,
+    slot: &'t KeySlot,
+    /// A window's region, pinned as well, and its lkey.
+    parent: Option<(&'t KeySlot, u32)>,
+}
+
+/// Pins kept across the work requests of one `post_send` list (in-process fabric). A lookup
+/// of a key the cache holds re-checks the slot with a plain load (an invalidation or a
+/// deregistration begun meanwhile fails it, as a fresh pin would) and pins nothing; its
+/// guard borrows the cache, so no guard outlives the pins. Deregistration and rebinding wait
+/// for the list to end: so its owner drops (or [`release`](Self::release)s) the cache before
+/// anything that may wait, such as a local bind on the same device.
+pub(crate) struct PinCache<'t> {
+    /// False: every lookup pins for its own guard (a list too short to use a key twice, where
+    /// the cache's bookkeeping would be all cost).
+    enabled: bool,
+    held: RefCell<ArrayVec<Held<'t>, PIN_CACHE>>,
+}
+
+impl<'t> PinCache<'t> {
+    pub(crate) fn new(enabled: bool) -> PinCache<'t> {
+        PinCache {
+            enabled,
+            held: RefCell::new(ArrayVec::new()),
+        }
+    }
+
+    /// [`KeyTable::lookup`] through the cache: `table`'s `key` pinned once per cache.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lookup<'c>(
+        &'c self,
+        table: &'t KeyTable,
+        key: u32,
+        remote: bool,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> std::result::Result<KeyRef<'c>, KeyError> {
+        if !self.enabled {
+            return table.lookup(key, remote, pd, addr, len, need);
+        }
+        let mut held = self.held.borrow_mut();
+        if let Some(h) = held
+            .iter()
+            .find(|h| h.key == key && std::ptr::eq(h.table, table))
+        {
+            if !still_valid(h.slot, key) || h.parent.is_some_and(|(p, lkey)| !still_valid(p, lkey))
+            {
+                return Err(KeyError::Unknown);
+            }
+            check_pinned(h.slot, remote, pd, addr, len, need)?;
+            return Ok(KeyRef {
+                slot: h.slot,
+                parent: h.parent.map(|(p, _)| p),
+                addr,
+                len,
+                region: Region::new(
+                    h.slot.region_base.load(Ordering::Relaxed) as usize,
+                    h.slot.region_len.load(Ordering::Relaxed) as usize,
+                ),
+                owns_pin: false,
+            });
+        }
+        let mut found = table.lookup(key, remote, pd, addr, len, need)?;
+        if !held.is_full() {
+            // The cache takes the guard's pins over.
+            let parent = found
+                .parent
+                .map(|p| (p, found.slot.parent.load(Ordering::Relaxed)));
+            held.push(Held {
+                table,
+                key,
+                slot: found.slot,
+                parent,
+            });
+            found.owns_pin = false;
+        }
+        Ok(found)
+    }
+
+    /// Drop every pin now (no guard borrows the cache: `&mut`).
+    pub(crate) fn release(&mut self) {
+        for h in self.held.get_mut().drain(..) {
+            unpin(h.slot, h.parent.map(|(p, _)| p));
+        }
+    }
+}
+
+impl Drop for PinCache<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        if self.enabled {
+            self.release();
+        }
+    }
+}
+
+/// [`resolve_local_into`] through a [`PinCache`].
+#[inline(always)]
+pub(crate) fn resolve_local_cached<'c, 't>(
+    list: &mut SgList<'c>,
+    pins: &'c PinCache<'t>,
+    table: &'t KeyTable,
+    pd: u32,
+    sges: &[Sge],
+    need: Access,
+) -> std::result::Result<(), KeyError> {
+    for sge in sges.iter().take(SOFT_MAX_SGE) {
+        if sge.length == 0 {
+            continue;
+        }
+        list.push(pins.lookup(
+            table,
+            sge.lkey,
+            false,
+            pd,
+            sge.addr,
+            u64::from(sge.length),
+            need,
+        )?);
+    }
+    Ok(())
+}
+
 /// A validated scatter/gather list: up to [`SOFT_MAX_SGE`] pinned ranges, no allocation.
 /// An `ArrayVec`: creating one writes nothing but its length and dropping it visits only the
 /// pushed ranges (a `[Option<KeyRef>; 16]` was zeroed, moved and scanned whole per work
@@ -425,6 +597,7 @@ impl<'a> SgList<'a> {
     }
     /// Add a range; past [`SOFT_MAX_SGE`] it is dropped (unpinned): callers take at most that
     /// many SGEs, as `resolve_local_into` does.
+    #[inline(always)]
     pub(crate) fn push(&mut self, r: KeyRef<'a>) {
         let len = r.len;
         if self.refs.try_push(r).is_ok() {

@@ -18,7 +18,7 @@ use arrayvec::ArrayVec;
 
 use super::cq::{CqInner, Cqe};
 use super::device::{self, DeviceInner, SoftPd};
-use super::inproc::{self, Data, Outcome, WrView};
+use super::inproc::{self, Data, ListScope, Outcome, WrView};
 use super::mem::{self, SOFT_MAX_SGE};
 use super::srq::{RecvQueue, SrqInner};
 use super::tcp::{self, Conn};
@@ -321,11 +321,21 @@ impl QpShared {
     /// Run `deliver` as a delivery into this QP's receive side (counted, so LAST_WQE_REACHED
     /// waits for it), then check whether the last WQE was reached.
     pub(crate) fn delivering<T>(&self, deliver: impl FnOnce() -> T) -> T {
-        self.in_delivery.fetch_add(1, Ordering::SeqCst);
+        self.begin_delivery();
         let out = deliver();
+        self.end_delivery();
+        out
+    }
+    /// A delivery (or an in-process list of them, `inproc::ListScope`) into this QP begins.
+    #[inline(always)]
+    pub(crate) fn begin_delivery(&self) {
+        self.in_delivery.fetch_add(1, Ordering::SeqCst);
+    }
+    /// ... and ends: LAST_WQE_REACHED may be due now.
+    #[inline(always)]
+    pub(crate) fn end_delivery(&self) {
         self.in_delivery.fetch_sub(1, Ordering::SeqCst);
         self.maybe_last_wqe();
-        out
     }
     /// A CQ's progress list: true if this QP was not on it yet (the caller adds it).
     pub(crate) fn claim_progress(&self) -> bool {
@@ -480,6 +490,14 @@ impl QpShared {
         );
     }
 
+    /// Receive completions (their `qp_num` this QP's) of an in-process list's deliveries
+    /// (`inproc::ListScope`), in order; bit `i` of `solicited` is `wcs[i]`'s.
+    #[inline]
+    pub(crate) fn complete_recvs(&self, wcs: &[WorkCompletion], solicited: u64) {
+        debug_assert!(wcs.iter().all(|wc| wc.qp_num == self.qp_num));
+        self.recv_cq.push_recvs(wcs, solicited);
+    }
+
     fn flush_recv(&self, wr_id: u64) {
         self.complete_recv(
             WorkCompletion {
@@ -594,7 +612,7 @@ impl QpShared {
                     local_outcome(self.execute_local(&head.op))
                 } else {
                     match &peer {
-                        Some(p) => inproc::execute(self, p, &head.view()),
+                        Some(p) => inproc::execute(self, p, &head.view(), &ListScope::new(false)),
                         None => Outcome::Fail(WcStatus::RetryExcErr),
                     }
                 }
@@ -1012,8 +1030,17 @@ impl SoftQp {
         }
     }
 
-    fn post_one(&mut self, wr: &SendWr<'_>) -> Result<()> {
-        let sh = &self.sh;
+    /// Post one WR of a list. `peer` is the list's in-process responder (looked up once per
+    /// list); `scope` the list's pins and delivery count, released before any path that may
+    /// wait (the send queue's lock, a local bind).
+    fn post_one<'a>(
+        sh: &'a Arc<QpShared>,
+        peer: Option<&'a Arc<QpShared>>,
+        next_seq: &mut u64,
+        scope: &mut ListScope<'a>,
+        wr: &SendWr<'_>,
+        last: bool,
+    ) -> Result<()> {
         let st = sh.state();
         if st != QpState::Rts && st != QpState::Err {
             return Err(TransportError::BadQpState {
@@ -1037,22 +1064,21 @@ impl SoftQp {
                 )));
             }
         }
-        let outstanding = self.next_seq - sh.retired.load(Ordering::Acquire);
+        let outstanding = *next_seq - sh.retired.load(Ordering::Acquire);
         if outstanding >= u64::from(sh.caps.max_send_wr) {
             return Err(TransportError::QueueFull("send"));
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
+        let seq = *next_seq;
+        *next_seq += 1;
         let signaled = sh.sig_all || wr.flags.contains(SendFlags::SIGNALED);
         if st == QpState::Err {
             sh.complete_send(seq, wr.wr_id, &wr.op, WcStatus::WrFlushErr, 0, true);
             return Ok(());
         }
         if sh.fabric == SoftFabric::Tcp {
-            let sh = self.sh.clone();
             let mut g = sh.lock();
             match sh.entry_from(&mut g, seq, wr, signaled) {
-                Ok(e) => tcp::post(&sh, &mut g, e),
+                Ok(e) => tcp::post(sh, &mut g, e),
                 Err(status) => {
                     sh.complete_send(seq, wr.wr_id, &wr.op, status, 0, true);
                     sh.enter_err_locked(&mut g);
@@ -1061,7 +1087,7 @@ impl SoftQp {
             return Ok(());
         }
         if sh.stalled.load(Ordering::Acquire) {
-            let sh = self.sh.clone();
+            scope.release();
             let mut g = sh.lock();
             if sh.stalled.load(Ordering::Acquire) {
                 match sh.entry_from(&mut g, seq, wr, signaled) {
@@ -1078,37 +1104,45 @@ impl SoftQp {
                 let again = sh.progress_inproc(&mut g, Instant::now());
                 drop(g);
                 if again {
-                    sh.send_cq.want_progress(&sh);
+                    sh.send_cq.want_progress(sh);
                 }
                 return Ok(());
             }
         }
         // Fast path: execute now on this thread.
-        self.refresh_peer();
-        let (sh, peer) = (&self.sh, self.peer.as_ref());
         let view = WrView {
             op: wr.op,
             data: Data::Sges(wr.sges),
             solicited: wr.flags.contains(SendFlags::SOLICITED),
         };
         let outcome = match peer {
-            _ if is_local(&wr.op) => local_outcome(sh.execute_local(&wr.op)),
-            Some(p) => inproc::execute(sh, p, &view),
+            _ if is_local(&wr.op) => {
+                // A bind waits for the window's pins: this list's among them.
+                scope.release();
+                local_outcome(sh.execute_local(&wr.op))
+            }
+            Some(p) => inproc::execute(sh, p, &view, scope),
             None => Outcome::Fail(WcStatus::RetryExcErr),
         };
+        if last {
+            // The responder sees the list's receives before this side's own completion is
+            // queued (at QD 1 that is the I/O's latency).
+            scope.queue_completions();
+        }
         match outcome {
             Outcome::Done { byte_len } => {
                 sh.complete_send(seq, wr.wr_id, &wr.op, WcStatus::Success, byte_len, signaled)
             }
             Outcome::Fail(status) => {
+                scope.release();
                 sh.complete_send(seq, wr.wr_id, &wr.op, status, 0, true);
                 sh.enter_err(true);
             }
             Outcome::Rnr { timer } | Outcome::NotReady { timer } => {
+                scope.release();
                 let rnr = matches!(outcome, Outcome::Rnr { .. });
-                let sh = self.sh.clone();
                 let mut g = sh.lock();
-                g.reset_budget(&sh);
+                g.reset_budget(sh);
                 match sh.stall_accounting(&mut g, rnr, timer, Instant::now()) {
                     Stall::Fail(status) => {
                         sh.complete_send(seq, wr.wr_id, &wr.op, status, 0, true);
@@ -1120,7 +1154,7 @@ impl SoftQp {
                             g.retry_at = Some(t);
                             sh.stalled.store(true, Ordering::Release);
                             drop(g);
-                            sh.send_cq.want_progress(&sh);
+                            sh.send_cq.want_progress(sh);
                         }
                         Err(status) => {
                             sh.complete_send(seq, wr.wr_id, &wr.op, status, 0, true);
@@ -1180,13 +1214,25 @@ impl QpOps for SoftQp {
     }
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let mut result = Ok(());
-        for (i, wr) in wrs.iter().enumerate() {
-            if let Err(error) = self.post_one(wr) {
-                result = Err(PostError {
-                    failed_index: i,
-                    error,
-                });
-                break;
+        if self.sh.fabric == SoftFabric::InProcess {
+            // Once per list: the link changes on the control path, not between a list's WRs.
+            self.refresh_peer();
+        }
+        {
+            // Lists of one or two WRs (QD 1, a response per qpair) gain nothing from sharing.
+            let mut scope = ListScope::new(wrs.len() > 2);
+            let (sh, peer) = (&self.sh, self.peer.as_ref());
+            for (i, wr) in wrs.iter().enumerate() {
+                let last = i + 1 == wrs.len();
+                if let Err(error) =
+                    Self::post_one(sh, peer, &mut self.next_seq, &mut scope, wr, last)
+                {
+                    result = Err(PostError {
+                        failed_index: i,
+                        error,
+                    });
+                    break;
+                }
             }
         }
         if self.sh.fabric == SoftFabric::Tcp {

@@ -89,32 +89,65 @@ impl RecvRing {
     /// completion is not queued). `wc.qp_num` and `wc.src_qp` are 24-bit QP numbers.
     #[inline(always)]
     pub(crate) fn push(&self, wc: &WorkCompletion) -> bool {
-        // The soft provider never sets a receive's vendor_err; its QP numbers are 24-bit.
-        debug_assert!(wc.vendor_err == 0 && wc.qp_num <= 0x00ff_ffff, "{wc:?}");
+        match self.claim(1) {
+            (position, 1) => {
+                self.write(position, wc);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Queues `wcs` in order under one claim of the tail (a responder's list of deliveries);
+    /// returns how many were queued: past the ring's free room the rest are overruns.
+    #[inline]
+    pub(crate) fn push_all(&self, wcs: &[WorkCompletion]) -> usize {
+        let (position, count) = self.claim(wcs.len() as u64);
+        for (offset, wc) in wcs.iter().take(count as usize).enumerate() {
+            self.write(position + offset as u64, wc);
+        }
+        count as usize
+    }
+
+    /// Claims up to `want` positions (fewer when the ring has less room): the first, and how
+    /// many.
+    #[inline(always)]
+    fn claim(&self, want: u64) -> (u64, u64) {
         let (tail, head_seen) = &self.tail.0;
         let mut position = tail.load(Ordering::Relaxed);
         loop {
-            // Acquire (on either word): the consumer read the slot to be overwritten before it
-            // moved its head past it.
+            // Acquire (on either word): the consumer read the slots to be overwritten before it
+            // moved its head past them.
             // Saturating: a stale `position` may be behind the head (its CAS then fails).
-            let head = head_seen.load(Ordering::Acquire);
-            if position.saturating_sub(head) >= self.depth {
+            let mut room = self
+                .depth
+                .saturating_sub(position.saturating_sub(head_seen.load(Ordering::Acquire)));
+            if room < want {
                 let head = self.head.0.load(Ordering::Acquire);
                 head_seen.fetch_max(head, Ordering::AcqRel);
-                if position.saturating_sub(head) >= self.depth {
-                    return false;
-                }
+                room = self.depth.saturating_sub(position.saturating_sub(head));
+            }
+            let count = room.min(want);
+            if count == 0 {
+                return (position, 0);
             }
             match tail.compare_exchange_weak(
                 position,
-                position + 1,
+                position + count,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => break,
+                Ok(_) => return (position, count),
                 Err(now) => position = now,
             }
         }
+    }
+
+    /// Fills the claimed slot at `position`; its last word publishes it.
+    #[inline(always)]
+    fn write(&self, position: u64, wc: &WorkCompletion) {
+        // The soft provider never sets a receive's vendor_err; its QP numbers are 24-bit.
+        debug_assert!(wc.vendor_err == 0 && wc.qp_num <= 0x00ff_ffff, "{wc:?}");
         let slot = &self.slots[(position & self.mask) as usize];
         slot.words[0].store(wc.wr_id, Ordering::Relaxed);
         slot.words[1].store(
@@ -137,7 +170,6 @@ impl RecvRing {
         }
         // Release: the other words are visible to whoever sees this one.
         slot.words[3].store(last, Ordering::Release);
-        true
     }
 
     /// Moves up to `out.len()` completions, in ring order, into `out`; returns how many.
@@ -256,6 +288,24 @@ mod tests {
             [2, 3, 4, 5, 6]
         );
         assert_eq!(ring.pop(&mut all), 0);
+    }
+
+    #[test]
+    fn a_batch_queues_in_order_up_to_the_room_left() {
+        let ring = RecvRing::new(5);
+        assert!(ring.push(&wc(0)));
+        // Four of room: the batch of six queues its first four, in order.
+        let batch: Vec<_> = (1..7).map(wc).collect();
+        assert_eq!(ring.push_all(&batch), 4);
+        assert_eq!(ring.push_all(&batch[4..]), 0);
+        let mut out = [WorkCompletion::default(); 8];
+        assert_eq!(ring.pop(&mut out), 5);
+        assert_eq!(out[..5], (0..5).map(wc).collect::<Vec<_>>()[..]);
+        // Across the wrap of the slots.
+        assert_eq!(ring.push_all(&batch[4..]), 2);
+        assert!(ring.push(&wc(7)));
+        assert_eq!(ring.pop(&mut out), 3);
+        assert_eq!(out[..3], [wc(5), wc(6), wc(7)]);
     }
 
     #[test]

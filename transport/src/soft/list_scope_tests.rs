@@ -1,0 +1,274 @@
+//! What a `post_send` list shares (`ListScope`): pins kept across its WRs must not let a key
+//! outlive an invalidation earlier in the list, nor hold up a bind the list itself posts; the
+//! receive completions it queues together arrive all, in order, with their solicited events.
+//! Run on both fabrics where the behaviour is the verbs contract (TCP has no list scope).
+
+use std::time::Duration;
+
+use super::super::testutil::*;
+use crate::provider::*;
+use crate::types::*;
+
+both_fabrics!(
+    a_key_invalidated_earlier_in_the_list_fails_later_in_it,
+    a_long_list_delivers_every_receive_in_order,
+);
+
+/// WRITE through a window, SEND_WITH_INV of it, WRITE through it again, in one list: the
+/// last fails with REM_ACCESS_ERR, as it would alone (the first WRITE's pin does not keep
+/// the key alive).
+fn a_key_invalidated_earlier_in_the_list_fails_later_in_it(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let data = b.pd.alloc_mr(256, ALL | Access::MW_BIND).unwrap();
+    let mut mw = b.pd.alloc_mw().unwrap();
+    let bind = mw.bind(&data, 0, 256, Access::REMOTE_WRITE).unwrap();
+    b.qp.post_send(&[send_wr(9, bind, &[], SendFlags::SIGNALED)])
+        .unwrap();
+    assert_eq!(net.wait(&b.cq, 1)[0].status, WcStatus::Success);
+    let rkey = mw.rkey();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sges: &[b.mr.sge(0, 64)],
+    }])
+    .unwrap();
+    a.mr.write_at(0, b"0123456789abcdef").unwrap();
+    let write = |wr_id, offset| {
+        send_wr(
+            wr_id,
+            SendOp::RdmaWrite {
+                remote_addr: data.addr() + offset,
+                rkey,
+            },
+            &[],
+            SendFlags::SIGNALED,
+        )
+    };
+    let sge = [a.mr.sge(0, 16)];
+    a.qp.post_send(&[
+        SendWr {
+            sges: &sge,
+            ..write(1, 0)
+        },
+        send_wr(2, SendOp::SendWithInv { rkey }, &sge, SendFlags::SIGNALED),
+        SendWr {
+            sges: &sge,
+            ..write(3, 32)
+        },
+    ])
+    .unwrap();
+    let c = net.wait(&a.cq, 3);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::RemAccessErr)
+        ]
+    );
+    assert_eq!(&data.read_vec(0..16).unwrap()[..], b"0123456789abcdef");
+    assert_eq!(
+        data.read_vec(32..48).unwrap(),
+        vec![0; 16],
+        "no write after the invalidation"
+    );
+    let r = net.wait(&b.cq, 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].invalidated_rkey),
+        (1, WcStatus::Success, Some(rkey))
+    );
+}
+
+/// 40 SENDs in one list (past the 32 completions a scope holds before it queues them): the
+/// responder gets 40 receive completions in posting order, each with its own length.
+fn a_long_list_delivers_every_receive_in_order(f: SoftFabric) {
+    const SENDS: u64 = 40;
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let recvs: Vec<_> = (0..SENDS)
+        .map(|i| [b.mr.sge(64 * i as usize, 64)])
+        .collect();
+    for (i, sges) in recvs.iter().enumerate() {
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 100 + i as u64,
+            sges,
+        }])
+        .unwrap();
+    }
+    for i in 0..SENDS as usize {
+        a.mr.write_at(i, &[i as u8]).unwrap();
+    }
+    let sges: Vec<_> = (0..SENDS as usize)
+        .map(|i| [a.mr.sge(i, 1 + i as u32 % 7)])
+        .collect();
+    let wrs: Vec<_> = sges
+        .iter()
+        .enumerate()
+        .map(|(i, sge)| send_wr(i as u64, SendOp::Send, sge, SendFlags::SIGNALED))
+        .collect();
+    a.qp.post_send(&wrs).unwrap();
+    let sent = net.wait(&a.cq, SENDS as usize);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    let got = net.wait(&b.cq, SENDS as usize);
+    assert_eq!(
+        got.iter()
+            .map(|c| (c.wr_id, c.status, c.byte_len, c.qp_num))
+            .collect::<Vec<_>>(),
+        (0..SENDS)
+            .map(|i| (100 + i, WcStatus::Success, 1 + i as u32 % 7, b.qp.qp_num()))
+            .collect::<Vec<_>>()
+    );
+    for i in 0..SENDS as usize {
+        assert_eq!(b.mr.read_vec(64 * i..64 * i + 1).unwrap(), [i as u8]);
+    }
+    let events = async_events(&b.ctx);
+    assert!(events.is_empty(), "{events:?}");
+}
+
+/// A CQ armed for solicited events, fed by long lists: a list with no solicited SEND raises
+/// no event; one whose only solicited SEND lies past the first 32 does.
+#[test]
+fn a_long_list_raises_the_solicited_event_of_the_send_that_asked() {
+    const SENDS: usize = 40;
+    let o = Opts::default();
+    let mut a = side(&device(SoftFabric::InProcess, true), &o);
+    let d = device(SoftFabric::InProcess, true);
+    let channel = d.create_comp_channel().unwrap();
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(256, Some(&channel)).unwrap();
+    let mut b = pd
+        .create_qp(&QpInit {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: None,
+            caps: caps(&o),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let mr = pd.alloc_mr(64 * SENDS, ALL).unwrap();
+    connect(&mut a.qp, &mut b, &o);
+    let sge = [a.mr.sge(0, 8)];
+    for solicited_index in [None, Some(33)] {
+        for i in 0..SENDS {
+            b.post_recv(&[RecvWr {
+                wr_id: i as u64,
+                sges: &[mr.sge(64 * i, 64)],
+            }])
+            .unwrap();
+        }
+        cq.req_notify(true).unwrap();
+        let wrs: Vec<_> = (0..SENDS)
+            .map(|i| {
+                let flags = if Some(i) == solicited_index {
+                    SendFlags::SIGNALED | SendFlags::SOLICITED
+                } else {
+                    SendFlags::SIGNALED
+                };
+                send_wr(i as u64, SendOp::Send, &sge, flags)
+            })
+            .collect();
+        a.qp.post_send(&wrs).unwrap();
+        let event = channel.get_event().unwrap();
+        assert_eq!(
+            event,
+            solicited_index.map(|_| cq.id()),
+            "solicited SEND at {solicited_index:?}"
+        );
+        let mut got = [WorkCompletion::default(); SENDS];
+        assert_eq!(cq.poll(&mut got).unwrap(), SENDS);
+        // Free the send queue for the next round.
+        assert_eq!(a.cq.poll(&mut got).unwrap(), SENDS);
+    }
+}
+
+/// Two QPs of one PD on one device: a list WRITEs through the PD's own window (the list pins
+/// it), then invalidates and binds that window again. The bind waits for the window's pins;
+/// the list must have given its own back first, or it would wait for itself for ever.
+#[test]
+fn a_list_rebinds_a_window_it_wrote_through() {
+    let d = device(SoftFabric::InProcess, true);
+    let o = Opts::default();
+    let mut x = side(&d, &o);
+    let mut y =
+        x.pd.create_qp(&QpInit {
+            send_cq: &x.cq,
+            recv_cq: &x.cq,
+            srq: None,
+            caps: caps(&o),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    connect(&mut x.qp, &mut y, &o);
+    let data = x.pd.alloc_mr(256, ALL | Access::MW_BIND).unwrap();
+    let mut mw = x.pd.alloc_mw().unwrap();
+    let bind = mw.bind(&data, 0, 256, Access::REMOTE_WRITE).unwrap();
+    x.qp.post_send(&[send_wr(1, bind, &[], SendFlags::SIGNALED)])
+        .unwrap();
+    let net = Net::new(&[&x.cq]);
+    assert_eq!(net.wait(&x.cq, 1)[0].status, WcStatus::Success);
+    let first = mw.rkey();
+    let rebind = mw.bind(&data, 128, 128, Access::REMOTE_WRITE).unwrap();
+    let second = mw.rkey();
+    x.mr.write_at(0, b"window").unwrap();
+    let addr = data.addr();
+    // On a thread: a list waiting for itself would hang the test instead of failing it.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let poster = std::thread::spawn(move || {
+        let sge = [x.mr.sge(0, 6)];
+        let wrs = [
+            send_wr(
+                2,
+                SendOp::RdmaWrite {
+                    remote_addr: addr,
+                    rkey: first,
+                },
+                &sge,
+                SendFlags::SIGNALED,
+            ),
+            send_wr(
+                3,
+                SendOp::LocalInv { rkey: first },
+                &[],
+                SendFlags::SIGNALED,
+            ),
+            send_wr(4, rebind, &[], SendFlags::SIGNALED),
+            send_wr(
+                5,
+                SendOp::RdmaWrite {
+                    remote_addr: addr + 128,
+                    rkey: second,
+                },
+                &sge,
+                SendFlags::SIGNALED,
+            ),
+        ];
+        let result = x.qp.post_send(&wrs);
+        done_tx.send(result.is_ok()).unwrap();
+        x
+    });
+    match done_rx.recv_timeout(Duration::from_secs(20)) {
+        Ok(posted) => assert!(posted, "post_send failed"),
+        Err(_) => {
+            // Dropping the window or the region would wait for the stuck list too.
+            std::mem::forget(mw);
+            std::mem::forget(data);
+            panic!("the list's bind waited for the list's own pin");
+        }
+    }
+    let x = poster.join().unwrap();
+    let c = net.wait(&x.cq, 4);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [
+            (2, WcStatus::Success),
+            (3, WcStatus::Success),
+            (4, WcStatus::Success),
+            (5, WcStatus::Success)
+        ]
+    );
+    assert_eq!(&data.read_vec(0..6).unwrap()[..], b"window");
+    assert_eq!(&data.read_vec(128..134).unwrap()[..], b"window");
+}
