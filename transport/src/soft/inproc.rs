@@ -9,8 +9,9 @@
 //! REM_ACCESS_ERR). A peer that is gone (destroyed, in ERR, link down) never answers: the
 //! requester's retries are exhausted at once (RETRY_EXC_ERR).
 //!
-//! A `post_send` list runs in one [`ListScope`]: the keys it uses are pinned once and the
-//! responder's in-delivery count is taken once for the whole list, not per work request.
+//! A `post_send` list of three or more WRs runs in one [`ListScope`]: the keys it uses are
+//! pinned once, the responder's in-delivery count is taken once, and its receive completions
+//! go onto the responder's CQ under one claim, not per work request.
 
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
@@ -89,6 +90,7 @@ pub(crate) struct ListScope<'a> {
 
 /// Receive completions a scope holds at most before it queues them.
 const COMPLETIONS: usize = 32;
+const _: () = assert!(COMPLETIONS <= u64::BITS as usize, "one solicited bit each");
 
 #[derive(Default)]
 struct Completions {
@@ -161,6 +163,8 @@ impl<'a> ListScope<'a> {
         if held.wcs.is_empty() {
             return;
         }
+        // Completions are held only under a delivery count (`hold_delivery` comes first).
+        debug_assert!(self.delivering.get().is_some());
         if let Some(peer) = self.delivering.get() {
             match held.wcs.as_slice() {
                 [one] => peer.complete_recv(*one, held.solicited != 0),

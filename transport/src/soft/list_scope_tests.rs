@@ -20,12 +20,7 @@ both_fabrics!(
 fn a_key_invalidated_earlier_in_the_list_fails_later_in_it(f: SoftFabric) {
     let (mut a, mut b) = pair(f, &Opts::default());
     let net = Net::new(&[&a.cq, &b.cq]);
-    let data = b.pd.alloc_mr(256, ALL | Access::MW_BIND).unwrap();
-    let mut mw = b.pd.alloc_mw().unwrap();
-    let bind = mw.bind(&data, 0, 256, Access::REMOTE_WRITE).unwrap();
-    b.qp.post_send(&[send_wr(9, bind, &[], SendFlags::SIGNALED)])
-        .unwrap();
-    assert_eq!(net.wait(&b.cq, 1)[0].status, WcStatus::Success);
+    let (data, mw) = window_for_writes(&mut b, &net);
     let rkey = mw.rkey();
     b.qp.post_recv(&[RecvWr {
         wr_id: 1,

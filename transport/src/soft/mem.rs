@@ -551,7 +551,9 @@ impl Drop for PinCache<'_> {
     }
 }
 
-/// [`resolve_local_into`] through a [`PinCache`].
+/// [`resolve_local_into`] through a [`PinCache`]. The loop is written out in both: one loop
+/// taking the lookup as a closure cost the in-process path about 230 instructions per NVMe
+/// read on the target under callgrind (session 11).
 #[inline(always)]
 pub(crate) fn resolve_local_cached<'c, 't>(
     list: &mut SgList<'c>,

@@ -594,16 +594,7 @@ fn send_with_inv(f: SoftFabric) {
     let net = Net::new(&[&a.cq, &b.cq]);
     // b's data buffer, reached through a window whose rkey a will invalidate (the NVMe-oF
     // host's keyed SGL).
-    let data = b.pd.alloc_mr(256, ALL | Access::MW_BIND).unwrap();
-    let mut mw = b.pd.alloc_mw().unwrap();
-    let bind = mw.bind(&data, 0, 256, Access::REMOTE_WRITE).unwrap();
-    b.qp.post_send(&[send_wr(9, bind, &[], SendFlags::SIGNALED)])
-        .unwrap();
-    let c = net.wait(&b.cq, 1);
-    assert_eq!(
-        (c[0].status, c[0].opcode),
-        (WcStatus::Success, WcOpcode::BindMw)
-    );
+    let (data, mw) = window_for_writes(&mut b, &net);
     let rkey = mw.rkey();
     b.qp.post_recv(&[RecvWr {
         wr_id: 1,

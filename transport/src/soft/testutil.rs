@@ -154,6 +154,23 @@ pub(crate) fn pair(fabric: SoftFabric, o: &Opts) -> (Side, Side) {
     (a, b)
 }
 
+/// A 256-byte region of `side`'s PD and a type-2 window over it, bound for remote writes by
+/// `side`'s QP (the NVMe-oF host's keyed SGL): its rkey is live on return.
+pub(crate) fn window_for_writes(side: &mut Side, net: &Net) -> (SoftMr, SoftMw) {
+    let data = side.pd.alloc_mr(256, ALL | Access::MW_BIND).unwrap();
+    let mut mw = side.pd.alloc_mw().unwrap();
+    let bind = mw.bind(&data, 0, 256, Access::REMOTE_WRITE).unwrap();
+    side.qp
+        .post_send(&[send_wr(9, bind, &[], SendFlags::SIGNALED)])
+        .unwrap();
+    let c = net.wait(&side.cq, 1);
+    assert_eq!(
+        (c[0].status, c[0].opcode),
+        (WcStatus::Success, WcOpcode::BindMw)
+    );
+    (data, mw)
+}
+
 /// Polls every CQ of a test and keeps what each returned.
 pub(crate) struct Net {
     cqs: Vec<SoftCq>,
