@@ -21,6 +21,7 @@ both_fabrics!(
     rnr_forever,
     rnr_retry_exceeded,
     send_with_inv,
+    send_with_inv_then_write_in_one_list,
     send_with_inv_region_rkey,
     cq_overrun,
     depth_limits,
@@ -590,6 +591,19 @@ fn rnr_retry_exceeded(f: SoftFabric) {
 }
 
 fn send_with_inv(f: SoftFabric) {
+    write_after_send_with_inv(f, false);
+}
+
+/// The WRITE after the invalidation in the same list as it: a key the list pinned for its first
+/// WRITE must not outlive the invalidation (`inproc::ListScope`).
+fn send_with_inv_then_write_in_one_list(f: SoftFabric) {
+    write_after_send_with_inv(f, true);
+}
+
+/// WRITE through a window, SEND_WITH_INV of its rkey, then a WRITE through it again (in the
+/// same `post_send` list or in a list of its own): the last fails with REM_ACCESS_ERR and
+/// writes nothing.
+fn write_after_send_with_inv(f: SoftFabric, same_list: bool) {
     let (mut a, mut b) = pair(f, &Opts::default());
     let net = Net::new(&[&a.cq, &b.cq]);
     // b's data buffer, reached through a window whose rkey a will invalidate (the NVMe-oF
@@ -601,43 +615,51 @@ fn send_with_inv(f: SoftFabric) {
         sges: &[b.mr.sge(0, 64)],
     }])
     .unwrap();
-    a.qp.post_send(&[
+    a.mr.write_at(0, b"0123456789abcdef").unwrap();
+    let sge = [a.mr.sge(0, 16)];
+    let write = |wr_id, offset| {
         send_wr(
-            1,
+            wr_id,
             SendOp::RdmaWrite {
-                remote_addr: data.addr(),
+                remote_addr: data.addr() + offset,
                 rkey,
             },
-            &[a.mr.sge(0, 16)],
+            &sge,
             SendFlags::SIGNALED,
-        ),
-        send_wr(
-            2,
-            SendOp::SendWithInv { rkey },
-            &[a.mr.sge(0, 16)],
-            SendFlags::SIGNALED,
-        ),
-    ])
-    .unwrap();
-    let c = net.wait(&a.cq, 2);
-    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+        )
+    };
+    let first = [
+        write(1, 0),
+        send_wr(2, SendOp::SendWithInv { rkey }, &sge, SendFlags::SIGNALED),
+        write(3, 32),
+    ];
+    let posted = if same_list { 3 } else { 2 };
+    a.qp.post_send(&first[..posted]).unwrap();
+    let mut c = net.wait(&a.cq, posted);
     let r = net.wait(&b.cq, 1);
     assert_eq!(
         (r[0].status, r[0].invalidated_rkey),
         (WcStatus::Success, Some(rkey))
     );
-    // The key no longer works remotely.
-    a.qp.post_send(&[send_wr(
-        3,
-        SendOp::RdmaWrite {
-            remote_addr: data.addr(),
-            rkey,
-        },
-        &[a.mr.sge(0, 16)],
-        SendFlags::SIGNALED,
-    )])
-    .unwrap();
-    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+    if !same_list {
+        // The key no longer works remotely.
+        a.qp.post_send(&first[2..]).unwrap();
+        c.extend(net.wait(&a.cq, 1));
+    }
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::RemAccessErr)
+        ]
+    );
+    assert_eq!(&data.read_vec(0..16).unwrap()[..], b"0123456789abcdef");
+    assert_eq!(
+        data.read_vec(32..48).unwrap(),
+        vec![0; 16],
+        "no write after the invalidation"
+    );
 }
 
 /// As on hardware, SEND_WITH_INV naming a plain region's rkey is a remote error: the receive
