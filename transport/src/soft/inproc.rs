@@ -78,6 +78,12 @@ impl Src<'_, '_> {
 /// in-delivery count (LAST_WQE_REACHED waits for it), each taken at first use and given back
 /// when the scope is dropped or [`release`](Self::release)d. Release it before anything that
 /// may wait for a pin (a local bind, the send queue's lock).
+///
+/// Order: the completions it holds are queued before any other completion the list causes on
+/// the same receive queue. A responder entering ERR on its own thread meanwhile flushes its
+/// remaining receives at once, so those flushes may precede completions the list still holds
+/// for receives it consumed earlier (the window was one delivery long before lists shared a
+/// scope); poll groups count receives rather than order them.
 pub(crate) struct ListScope<'a> {
     pins: PinCache<'a>,
     batch: bool,
