@@ -223,16 +223,7 @@ mod tests {
         let mut s1 = side(&ds, &o);
         connect(&mut c1.qp, &mut s1.qp, &o);
         // A second QP on the same client CQ.
-        let mut q2 = c1
-            .pd
-            .create_qp(&QpInit {
-                send_cq: &c1.cq,
-                recv_cq: &c1.cq,
-                srq: None,
-                caps: caps(&o),
-                sq_sig_all: true,
-            })
-            .unwrap();
+        let mut q2 = qp_on(&c1.pd, &c1.cq, &o, true);
         let mut s2 = side(&ds, &o);
         connect(&mut q2, &mut s2.qp, &o);
         let net = Net::new(&[&c1.cq, &s1.cq, &s2.cq]);

@@ -85,8 +85,8 @@ impl Src<'_, '_> {
 /// for receives it consumed earlier (the window was one delivery long before lists shared a
 /// scope); poll groups count receives rather than order them.
 pub(crate) struct ListScope<'a> {
+    /// Enabled when the list shares (see `new`): the one flag for pins and completions alike.
     pins: PinCache<'a>,
-    batch: bool,
     delivering: Cell<Option<&'a QpShared>>,
     /// The successful receive completions of the deliveries into `delivering`, queued onto its
     /// CQ together (one claim of the ring's tail, after the copies rather than between them)
@@ -112,7 +112,6 @@ impl<'a> ListScope<'a> {
     pub(crate) fn new(batch: bool) -> ListScope<'a> {
         ListScope {
             pins: PinCache::new(batch),
-            batch,
             delivering: Cell::new(None),
             completions: RefCell::new(Completions::default()),
         }
@@ -138,7 +137,7 @@ impl<'a> ListScope<'a> {
     /// list's others).
     #[inline(always)]
     fn complete_recv(&self, peer: &QpShared, wc: WorkCompletion, solicited: bool) {
-        if !self.batch {
+        if !self.pins.enabled() {
             peer.complete_recv(wc, solicited);
             return;
         }
@@ -158,7 +157,7 @@ impl<'a> ListScope<'a> {
     /// completes a receive of it: a failed delivery, a flush).
     #[inline(always)]
     pub(crate) fn queue_completions(&self) {
-        if self.batch {
+        if self.pins.enabled() {
             self.queue_held();
         }
     }

@@ -73,15 +73,7 @@ fn a_long_list_raises_the_solicited_event_of_the_send_that_asked() {
     let channel = d.create_comp_channel().unwrap();
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(256, Some(&channel)).unwrap();
-    let mut b = pd
-        .create_qp(&QpInit {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            caps: caps(&o),
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let mut b = qp_on(&pd, &cq, &o, false);
     let mr = pd.alloc_mr(64 * SENDS, ALL).unwrap();
     connect(&mut a.qp, &mut b, &o);
     let sge = [a.mr.sge(0, 8)];
@@ -126,15 +118,7 @@ fn a_list_rebinds_a_window_it_wrote_through() {
     let d = device(SoftFabric::InProcess, true);
     let o = Opts::default();
     let mut x = side(&d, &o);
-    let mut y =
-        x.pd.create_qp(&QpInit {
-            send_cq: &x.cq,
-            recv_cq: &x.cq,
-            srq: None,
-            caps: caps(&o),
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let mut y = qp_on(&x.pd, &x.cq, &o, false);
     connect(&mut x.qp, &mut y, &o);
     let data = x.pd.alloc_mr(256, ALL | Access::MW_BIND).unwrap();
     let mut mw = x.pd.alloc_mw().unwrap();

@@ -479,6 +479,12 @@ impl<'t> PinCache<'t> {
         }
     }
 
+    /// Whether lookups go through the cache (else each pins for its own guard).
+    #[inline(always)]
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// [`KeyTable::lookup`] through the cache: `table`'s `key` pinned once per cache.
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]

@@ -352,15 +352,7 @@ fn srq_many_qps_one_cq(f: SoftFabric) {
                 sq_sig_all: false,
             })
             .unwrap();
-        let mut c = cpd
-            .create_qp(&QpInit {
-                send_cq: &ccq,
-                recv_cq: &ccq,
-                srq: None,
-                caps: caps(&o),
-                sq_sig_all: true,
-            })
-            .unwrap();
+        let mut c = qp_on(&cpd, &ccq, &o, true);
         connect(&mut c, &mut s, &o);
         servers.push(s);
         clients.push(c);
@@ -849,15 +841,7 @@ fn unsignaled(f: SoftFabric) {
     let d2 = device(f, true);
     let mut x = side(&d1, &o);
     let mut y = side(&d2, &o);
-    let all =
-        x.pd.create_qp(&QpInit {
-            send_cq: &x.cq,
-            recv_cq: &x.cq,
-            srq: None,
-            caps: caps(&o),
-            sq_sig_all: true,
-        })
-        .unwrap();
+    let all = qp_on(&x.pd, &x.cq, &o, true);
     x.qp = all;
     connect(&mut x.qp, &mut y.qp, &o);
     let net = Net::new(&[&x.cq, &y.cq]);
@@ -909,20 +893,10 @@ fn thousand_qps_one_cq(f: SoftFabric) {
     let ccq = dc.create_cq(4096, None).unwrap();
     let smr = spd.alloc_mr(N * 8, ALL).unwrap();
     let cmr = cpd.alloc_mr(8, ALL).unwrap();
-    let init = |pd: &SoftPd, cq: &SoftCq| {
-        pd.create_qp(&QpInit {
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            caps: caps(&o),
-            sq_sig_all: false,
-        })
-        .unwrap()
-    };
     let mut pairs = Vec::with_capacity(N);
     for _ in 0..N {
-        let mut s = init(&spd, &scq);
-        let mut c = init(&cpd, &ccq);
+        let mut s = qp_on(&spd, &scq, &o, false);
+        let mut c = qp_on(&cpd, &ccq, &o, false);
         connect(&mut c, &mut s, &o);
         pairs.push((c, s));
     }
@@ -964,16 +938,7 @@ fn qp_numbers_24bit_unique_not_reused_at_once() {
     let o = Opts::default();
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16, None).unwrap();
-    let mk = || {
-        pd.create_qp(&QpInit {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            caps: caps(&o),
-            sq_sig_all: false,
-        })
-        .unwrap()
-    };
+    let mk = || qp_on(&pd, &cq, &o, false);
     let a = mk();
     let b = mk();
     assert!(a.qp_num() >= 2 && a.qp_num() <= 0xff_ffff);
@@ -995,15 +960,7 @@ fn completion_channel_only_when_armed() {
     let o = Opts::default();
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16, Some(&ch)).unwrap();
-    let mut a = pd
-        .create_qp(&QpInit {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            caps: caps(&o),
-            sq_sig_all: true,
-        })
-        .unwrap();
+    let mut a = qp_on(&pd, &cq, &o, true);
     let mut b = side(&d, &o);
     connect(&mut a, &mut b.qp, &o);
     let mr = pd.alloc_mr(64, ALL).unwrap();
@@ -1053,15 +1010,7 @@ fn cq_overrun(f: SoftFabric) {
     };
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(2, None).unwrap();
-    let mut a = pd
-        .create_qp(&QpInit {
-            send_cq: &cq,
-            recv_cq: &cq,
-            srq: None,
-            caps: caps(&o),
-            sq_sig_all: true,
-        })
-        .unwrap();
+    let mut a = qp_on(&pd, &cq, &o, true);
     let mut b = side(&d, &o);
     connect(&mut a, &mut b.qp, &o);
     let w = send_wr(

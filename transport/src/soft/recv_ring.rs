@@ -310,6 +310,7 @@ mod tests {
 
     #[test]
     fn producers_and_pollers_on_threads_lose_and_repeat_nothing() {
+        // Producer 0 pushes in batches of up to five, the others one at a time.
         use std::sync::Arc;
         use std::sync::atomic::AtomicBool;
         const PRODUCERS: u64 = 3;
@@ -320,11 +321,27 @@ mod tests {
             .map(|p| {
                 let ring = ring.clone();
                 std::thread::spawn(move || {
-                    for i in 0..EACH {
-                        let mut c = wc(i);
-                        c.wr_id = p << 32 | i;
-                        while !ring.push(&c) {
-                            std::thread::yield_now();
+                    let all: Vec<_> = (0..EACH)
+                        .map(|i| WorkCompletion {
+                            wr_id: p << 32 | i,
+                            ..wc(i)
+                        })
+                        .collect();
+                    if p == 0 {
+                        // One producer claims in batches (an in-process list's receives).
+                        let mut next = 0;
+                        while next < all.len() {
+                            let end = (next + 5).min(all.len());
+                            match ring.push_all(&all[next..end]) {
+                                0 => std::thread::yield_now(),
+                                queued => next += queued,
+                            }
+                        }
+                    } else {
+                        for c in &all {
+                            while !ring.push(c) {
+                                std::thread::yield_now();
+                            }
                         }
                     }
                 })

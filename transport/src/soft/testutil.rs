@@ -115,6 +115,18 @@ pub(crate) fn side(ctx: &SoftContext, o: &Opts) -> Side {
     }
 }
 
+/// A QP of `pd` whose sends and receives complete on `cq`, no SRQ, `o`'s capacities.
+pub(crate) fn qp_on(pd: &SoftPd, cq: &SoftCq, o: &Opts, sq_sig_all: bool) -> SoftQp {
+    pd.create_qp(&QpInit {
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        caps: caps(o),
+        sq_sig_all,
+    })
+    .unwrap()
+}
+
 /// Bring `a` and `b` to RTS against each other (pingpong-style endpoint exchange).
 pub(crate) fn connect(a: &mut SoftQp, b: &mut SoftQp, o: &Opts) {
     // Distinct PSNs: on TCP a HELLO must carry the PSN its target published.
