@@ -80,10 +80,9 @@ impl Src<'_, '_> {
 /// may wait for a pin (a local bind, the send queue's lock).
 ///
 /// Order: the completions it holds are queued before any other completion the list causes on
-/// the same receive queue. A responder entering ERR on its own thread meanwhile flushes its
-/// remaining receives at once, so those flushes may precede completions the list still holds
-/// for receives it consumed earlier (the window was one delivery long before lists shared a
-/// scope); poll groups count receives rather than order them.
+/// the same receive queue, and a responder entering ERR on its own thread meanwhile leaves the
+/// flush of its remaining receives to the end of the list's delivery count (`flush_recvs`), so
+/// a receive queue's completions keep their order.
 pub(crate) struct ListScope<'a> {
     /// Enabled when the list shares (see `new`): the one flag for pins and completions alike.
     pins: PinCache<'a>,

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::super::testutil::*;
+use super::ListScope;
 use crate::provider::*;
 use crate::types::*;
 
@@ -189,4 +190,63 @@ fn a_list_rebinds_a_window_it_wrote_through() {
     );
     assert_eq!(&data.read_vec(0..6).unwrap()[..], b"window");
     assert_eq!(&data.read_vec(128..134).unwrap()[..], b"window");
+}
+
+/// The responder enters ERR on its own thread while another thread's list still holds the
+/// completion of a receive it consumed: the flush of the receives behind it, and of one posted
+/// in ERR meanwhile, waits for the list to queue it, so the receive queue's completions stay
+/// in order (verbs orders completions per work queue). Driven step by step through the scope.
+#[test]
+fn a_flush_waits_for_the_completions_a_list_holds() {
+    let (_a, mut b) = pair(SoftFabric::InProcess, &Opts::default());
+    let recv = |b: &mut Side, wr_id: u64| {
+        let sge = [b.mr.sge(64 * wr_id as usize, 64)];
+        b.qp.post_recv(&[RecvWr { wr_id, sges: &sge }]).unwrap();
+    };
+    for wr_id in 0..3 {
+        recv(&mut b, wr_id);
+    }
+    let shared = b.qp.sh.clone();
+    let responder = &*shared;
+    let scope = ListScope::new(true);
+    scope.hold_delivery(responder);
+    let wc = responder
+        .pop_recv_with(|wr_id, _| WorkCompletion {
+            wr_id,
+            qp_num: responder.qp_num(),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 8,
+            ..Default::default()
+        })
+        .unwrap();
+    scope.complete_recv(responder, wc, false);
+    shared.enter_err(true);
+    recv(&mut b, 3);
+    let mut got = [WorkCompletion::default(); 8];
+    assert_eq!(b.cq.poll(&mut got).unwrap(), 0, "{:?}", &got[..1]);
+    drop(scope);
+    let n = b.cq.poll(&mut got).unwrap();
+    assert_eq!(
+        got[..n]
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect::<Vec<_>>(),
+        [
+            (0, WcStatus::Success),
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+    // In ERR with no delivery running, a receive is flushed as it is posted.
+    recv(&mut b, 4);
+    let n = b.cq.poll(&mut got).unwrap();
+    assert_eq!(
+        got[..n]
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect::<Vec<_>>(),
+        [(4, WcStatus::WrFlushErr)]
+    );
 }

@@ -269,6 +269,8 @@ pub(crate) struct QpShared {
     /// fields around it (state, caps, ...) on every post do not miss the cache.
     in_delivery: OwnLine<AtomicU32>,
     last_wqe_raised: AtomicBool,
+    /// A thread is flushing the receive queue (`flush_recvs`: one at a time keeps the order).
+    flushing: AtomicBool,
     /// Send queue slots retired by polled completions (sequence of the next unretired WR).
     retired: Arc<AtomicU64>,
     /// Sends are stalled: new ones queue behind the head (RC order).
@@ -335,6 +337,10 @@ impl QpShared {
     #[inline(always)]
     pub(crate) fn end_delivery(&self) {
         self.in_delivery.fetch_sub(1, Ordering::SeqCst);
+        if self.state.load(Ordering::SeqCst) == st_to_u8(QpState::Err) {
+            // The flush ERR left for the deliveries to finish (`flush_recvs`).
+            self.flush_recvs();
+        }
         self.maybe_last_wqe();
     }
     /// A CQ's progress list: true if this QP was not on it yet (the caller adds it).
@@ -543,12 +549,30 @@ impl QpShared {
     }
 
     fn after_err(&self) {
-        if let Some(rq) = &self.rq {
+        self.flush_recvs();
+        self.maybe_last_wqe();
+    }
+
+    /// In ERR, the receive queue's remaining receives complete as flushed: after every
+    /// delivery in progress has queued its completions (an in-process list holds those of the
+    /// receives it consumed until its end), so a receive queue's completions keep their order.
+    /// While deliveries run, the last one's end flushes (`end_delivery`); one thread flushes
+    /// at a time, and it looks again after letting go, for receives posted meanwhile.
+    pub(crate) fn flush_recvs(&self) {
+        let Some(rq) = &self.rq else { return };
+        // SeqCst against `begin_delivery` and the state swap in `enter_err`: a delivery either
+        // counted itself before this load (its end flushes) or sees ERR and consumes nothing.
+        while self.in_delivery.load(Ordering::SeqCst) == 0
+            && !self.flushing.swap(true, Ordering::SeqCst)
+        {
             while let Some(wr_id) = rq.pop_with(|wr_id, _| wr_id) {
                 self.flush_recv(wr_id);
             }
+            self.flushing.store(false, Ordering::SeqCst);
+            if rq.len() == 0 {
+                return;
+            }
         }
-        self.maybe_last_wqe();
     }
 
     /// Flush every send the device still holds (in order).
@@ -974,6 +998,7 @@ impl SoftQp {
             max_dest_rd_atomic: AtomicU8::new(0),
             in_delivery: OwnLine(AtomicU32::new(0)),
             last_wqe_raised: AtomicBool::new(false),
+            flushing: AtomicBool::new(false),
             retired: Arc::new(AtomicU64::new(0)),
             stalled: AtomicBool::new(false),
             progress_registered: AtomicBool::new(false),
@@ -1272,21 +1297,16 @@ impl QpOps for SoftQp {
                     )),
                 });
             }
-            if st == QpState::Err {
-                sh.flush_recv(wr.wr_id);
-                continue;
-            }
             if !rq.push(wr) {
                 return Err(PostError {
                     failed_index: i,
                     error: TransportError::QueueFull("receive"),
                 });
             }
-            // A flush that raced with this post: the receive must not linger.
+            // In ERR (or entering it meanwhile) the receive is flushed, queued behind any
+            // receive a delivery in progress consumed earlier (`flush_recvs`).
             if sh.state() == QpState::Err {
-                while let Some(wr_id) = rq.pop_with(|wr_id, _| wr_id) {
-                    sh.flush_recv(wr_id);
-                }
+                sh.flush_recvs();
             }
         }
         Ok(())
