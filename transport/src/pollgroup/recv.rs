@@ -208,6 +208,15 @@ impl RecvSlots {
         true
     }
 
+    /// Start loading the first line of what arrived in `slot` (see `shared_mem::prefetch`).
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, slot: u32) {
+        let start = slot as usize * self.slot_size as usize;
+        if start < self.mr.len() {
+            crate::shared_mem::prefetch(self.mr.as_ptr().wrapping_add(start));
+        }
+    }
+
     /// What arrived in `slot`.
     pub(crate) fn bytes(&self, slot: u32) -> &[u8] {
         let start = slot as usize * self.slot_size as usize;
