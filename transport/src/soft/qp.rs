@@ -333,15 +333,14 @@ impl QpShared {
     pub(crate) fn begin_delivery(&self) {
         self.in_delivery.fetch_add(1, Ordering::SeqCst);
     }
-    /// ... and ends: LAST_WQE_REACHED may be due now.
+    /// ... and ends: in ERR, the receive flush and LAST_WQE_REACHED may be due now (both wait
+    /// for the deliveries in progress: `flush_recvs`, `maybe_last_wqe`).
     #[inline(always)]
     pub(crate) fn end_delivery(&self) {
         self.in_delivery.fetch_sub(1, Ordering::SeqCst);
         if self.state.load(Ordering::SeqCst) == st_to_u8(QpState::Err) {
-            // The flush ERR left for the deliveries to finish (`flush_recvs`).
-            self.flush_recvs();
+            self.after_err();
         }
-        self.maybe_last_wqe();
     }
     /// A CQ's progress list: true if this QP was not on it yet (the caller adds it).
     pub(crate) fn claim_progress(&self) -> bool {
@@ -548,6 +547,7 @@ impl QpShared {
         self.flush_sq(slow);
     }
 
+    #[cold]
     fn after_err(&self) {
         self.flush_recvs();
         self.maybe_last_wqe();
