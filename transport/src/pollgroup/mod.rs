@@ -482,8 +482,8 @@ impl<R> PollGroup<R> {
 
     /// Receive slots in each state by the group's own count: (posted on the SRQ, queued for
     /// re-posting, held by capsules). With the free per-qpair pool they add up to
-    /// `srq_depth`. Leak checks should
-    /// compare `posted` with the SRQ's real occupancy (the soft SRQ's `posted()`).
+    /// `srq_depth`. Leak checks should compare `posted` with the SRQ's real occupancy (the
+    /// soft SRQ's `posted()`).
     pub fn recv_accounting(&self) -> (u32, u32, u32) {
         let posted = self.recv.posted();
         let queued = self.recv.queued();

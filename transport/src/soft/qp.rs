@@ -558,7 +558,7 @@ impl QpShared {
     /// receives it consumed until its end), so a receive queue's completions keep their order.
     /// While deliveries run, the last one's end flushes (`end_delivery`); one thread flushes
     /// at a time, and it looks again after letting go, for receives posted meanwhile.
-    pub(crate) fn flush_recvs(&self) {
+    fn flush_recvs(&self) {
         let Some(rq) = &self.rq else { return };
         // SeqCst against `begin_delivery` and the state swap in `enter_err`: a delivery either
         // counted itself before this load (its end flushes) or sees ERR and consumes nothing.
