@@ -26,7 +26,7 @@
 //! held list (locked, timestamped) instead; per-QP order is kept.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -36,16 +36,18 @@ use super::channel::{EventQueue, SoftCompChannel};
 use super::device::DeviceInner;
 use super::qp::QpShared;
 use super::recv_ring::RecvRing;
+use super::retire::{RetireMark, RetireTable};
 use super::tcp::TcpPoller;
 use crate::error::{Result, TransportError};
 use crate::provider::CqOps;
 use crate::types::*;
 
 /// A completion as queued: the verbs completion plus send-queue retirement (polling a send
-/// completion frees the send queue slots up to and including its WR, as a verbs driver does).
+/// completion frees the send queue slots up to and including its WR, as a verbs driver does:
+/// retire.rs).
 pub(crate) struct Cqe {
     pub(crate) wc: WorkCompletion,
-    pub(crate) retire: Option<(Arc<AtomicU64>, u64)>,
+    pub(crate) retire: Option<RetireMark>,
 }
 
 /// Which lane a completion goes to.
@@ -76,6 +78,8 @@ pub(crate) struct CqInner {
     send_lane: ArrayQueue<Cqe>,
     /// Receive completions (responder side).
     recv_lane: RecvRing,
+    /// How far each QP sending into this CQ has had its send queue retired.
+    pub(crate) retire_table: RetireTable,
     channel: Option<Arc<EventQueue<u32>>>,
     armed: AtomicU8,
     overrun: AtomicBool,
@@ -240,7 +244,7 @@ impl CqInner {
             if self.faults_used.load(Ordering::Acquire) && self.held_nonempty() {
                 n = self.poll_held(out, 0);
             }
-            n += Self::pop_sends(&self.send_lane, &mut out[n..]);
+            n += self.pop_sends(&mut out[n..]);
             n += self.recv_lane.pop(&mut out[n..]);
         } else {
             n = self.poll_held(out, faults);
@@ -251,12 +255,12 @@ impl CqInner {
     /// Pops only what is there: a pop that finds the lane empty costs a SeqCst fence
     /// (crossbeam's emptiness check), which a busy poller would pay on every poll.
     #[inline(always)]
-    fn pop_sends(lane: &ArrayQueue<Cqe>, out: &mut [WorkCompletion]) -> usize {
-        let ready = lane.len().min(out.len());
+    fn pop_sends(&self, out: &mut [WorkCompletion]) -> usize {
+        let ready = self.send_lane.len().min(out.len());
         let mut n = 0;
         while n < ready {
-            let Some(c) = lane.pop() else { break };
-            out[n] = Self::reap(c);
+            let Some(c) = self.send_lane.pop() else { break };
+            out[n] = self.reap(c);
             n += 1;
         }
         n
@@ -271,9 +275,10 @@ impl CqInner {
             .is_empty()
     }
 
-    fn reap(c: Cqe) -> WorkCompletion {
-        if let Some((ctr, seq)) = &c.retire {
-            ctr.fetch_max(seq + 1, Ordering::AcqRel);
+    #[inline(always)]
+    fn reap(&self, c: Cqe) -> WorkCompletion {
+        if let Some(mark) = c.retire {
+            self.retire_table.retire(mark);
         }
         c.wc
     }
@@ -316,7 +321,7 @@ impl CqInner {
         let mut n = 0;
         while n < out.len() && n < ready {
             let Some((_, c)) = h.q.pop_front() else { break };
-            out[n] = Self::reap(c);
+            out[n] = self.reap(c);
             n += 1;
         }
         n
@@ -366,6 +371,7 @@ impl SoftCq {
             dev: dev.clone(),
             send_lane: ArrayQueue::new(depth as usize),
             recv_lane: RecvRing::new(depth),
+            retire_table: RetireTable::new(dev.cfg.max_qp),
             channel: channel.map(|c| c.inner.clone()),
             armed: AtomicU8::new(ARM_NONE),
             overrun: AtomicBool::new(false),

@@ -12,6 +12,7 @@ use super::cq::CqInner;
 use super::mem::{KeyTable, SOFT_MAX_SGE, SoftMw, Source};
 use super::qp::QpShared;
 use super::recv_ring::MAX_DEPTH as MAX_RING_DEPTH;
+use super::retire::MAX_SEND_QUEUE;
 use super::tcp::TcpFabric;
 use super::{Soft, SoftCq, SoftMr, SoftQp, SoftSrq};
 use crate::error::{Result, TransportError};
@@ -85,6 +86,13 @@ pub(crate) fn open(cfg: &SoftConfig) -> Result<SoftContext> {
         return Err(TransportError::InvalidArgument(format!(
             "max_qp {} exceeds the 24-bit QP space",
             cfg.max_qp
+        )));
+    }
+    // Send-queue retirement compares sequences mod 2^32 (retire.rs).
+    if cfg.max_qp_wr > MAX_SEND_QUEUE {
+        return Err(TransportError::InvalidArgument(format!(
+            "soft device max_qp_wr must be at most {MAX_SEND_QUEUE}, not {}",
+            cfg.max_qp_wr
         )));
     }
     // A CQ's receive lane is a ring whose slots carry a position mark of limited width.

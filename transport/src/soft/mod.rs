@@ -88,6 +88,7 @@ mod inproc;
 mod mem;
 mod qp;
 mod recv_ring;
+mod retire;
 mod srq;
 mod tcp;
 #[cfg(test)]

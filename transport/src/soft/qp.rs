@@ -20,6 +20,7 @@ use super::cq::{CqInner, Cqe};
 use super::device::{self, DeviceInner, SoftPd};
 use super::inproc::{self, Data, ListScope, Outcome, WrView};
 use super::mem::{self, SOFT_MAX_SGE};
+use super::retire::RetireSlot;
 use super::srq::{RecvQueue, SrqInner};
 use super::tcp::{self, Conn};
 use super::{Soft, SoftCq, SoftSrq};
@@ -271,8 +272,9 @@ pub(crate) struct QpShared {
     last_wqe_raised: AtomicBool,
     /// A thread is flushing the receive queue (`flush_recvs`: one at a time keeps the order).
     flushing: AtomicBool,
-    /// Send queue slots retired by polled completions (sequence of the next unretired WR).
-    retired: Arc<AtomicU64>,
+    /// This QP's counter in its send CQ's retire table (`RetireSlot` as a word: the owner
+    /// changes it on reset, any thread completing a send reads it).
+    retire_slot: AtomicU64,
     /// Sends are stalled: new ones queue behind the head (RC order).
     stalled: AtomicBool,
     progress_registered: AtomicBool,
@@ -294,6 +296,11 @@ impl QpShared {
     }
     pub(crate) fn fabric(&self) -> SoftFabric {
         self.fabric
+    }
+    /// This QP's place in its send CQ's retire table.
+    #[inline(always)]
+    fn retire_slot(&self) -> RetireSlot {
+        RetireSlot::from_word(self.retire_slot.load(Ordering::Relaxed))
     }
     pub(crate) fn send_cq(&self) -> &Arc<CqInner> {
         &self.send_cq
@@ -480,7 +487,7 @@ impl QpShared {
                 qp_num: self.qp_num,
                 ..Default::default()
             },
-            retire: Some((self.retired.clone(), seq)),
+            retire: Some(self.retire_slot().mark(seq)),
         });
     }
 
@@ -967,6 +974,13 @@ impl SoftQp {
             max_inline_data: caps.max_inline_data,
         };
         let qp_num = dev.reserve_qpn()?;
+        let retire_slot = match init.send_cq.inner.retire_table.attach() {
+            Ok(slot) => slot,
+            Err(e) => {
+                dev.release_qpn(qp_num);
+                return Err(e);
+            }
+        };
         let sh = Arc::new(QpShared {
             qp_num,
             dev: dev.clone(),
@@ -999,7 +1013,7 @@ impl SoftQp {
             in_delivery: OwnLine(AtomicU32::new(0)),
             last_wqe_raised: AtomicBool::new(false),
             flushing: AtomicBool::new(false),
-            retired: Arc::new(AtomicU64::new(0)),
+            retire_slot: AtomicU64::new(retire_slot.to_word()),
             stalled: AtomicBool::new(false),
             progress_registered: AtomicBool::new(false),
             link_epoch: AtomicU64::new(0),
@@ -1089,8 +1103,11 @@ impl SoftQp {
                 )));
             }
         }
-        let outstanding = *next_seq - sh.retired.load(Ordering::Acquire);
-        if outstanding >= u64::from(sh.caps.max_send_wr) {
+        let outstanding = sh
+            .send_cq
+            .retire_table
+            .outstanding(sh.retire_slot(), *next_seq);
+        if outstanding >= sh.caps.max_send_wr {
             return Err(TransportError::QueueFull("send"));
         }
         let seq = *next_seq;
@@ -1233,7 +1250,8 @@ impl QpOps for SoftQp {
     fn modify_to_reset(&mut self) -> Result<()> {
         self.sh.to_reset(false);
         self.next_seq = 0;
-        self.sh.retired.store(0, Ordering::Release);
+        let slot = self.sh.send_cq.retire_table.reset(self.sh.retire_slot());
+        self.sh.retire_slot.store(slot.to_word(), Ordering::Relaxed);
         self.peer = None;
         Ok(())
     }
@@ -1324,6 +1342,7 @@ impl Drop for SoftQp {
         if let Some(t) = &self.sh.recv_cq.tcp {
             t.detach(self.sh.qp_num);
         }
+        self.sh.send_cq.retire_table.detach(self.sh.retire_slot());
         self.sh.dev.release_qpn(self.sh.qp_num);
     }
 }

@@ -1243,3 +1243,36 @@ fn read_depth_limits_reads_on_the_wire() {
         );
     }
 }
+
+/// A reset QP's send queue starts empty: a completion of its earlier life, still in the CQ and
+/// polled after the reset, frees none of the new queue's slots (nor underflows its count).
+#[test]
+fn a_completion_polled_after_a_reset_frees_nothing_of_the_new_queue() {
+    let o = Opts {
+        send_wr: 2,
+        ..Opts::default()
+    };
+    let (mut a, mut b) = pair(SoftFabric::InProcess, &o);
+    let source = [a.mr.sge(0, 8)];
+    let op = SendOp::RdmaWrite {
+        remote_addr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    let write = |wr_id, flags| send_wr(wr_id, op, &source, flags);
+    // In-process, the WRITE completes inside the post; it is left in the CQ.
+    a.qp.post_send(&[write(1, SendFlags::SIGNALED)]).unwrap();
+    a.qp.modify_to_reset().unwrap();
+    b.qp.modify_to_reset().unwrap();
+    connect(&mut a.qp, &mut b.qp, &o);
+    let mut wcs = [WorkCompletion::default(); 4];
+    assert_eq!(a.cq.poll(&mut wcs).unwrap(), 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    // Unsignaled: both stay outstanding, filling the two-WR queue; a third does not fit.
+    a.qp.post_send(&[write(2, SendFlags::empty()), write(3, SendFlags::empty())])
+        .unwrap();
+    let refused = a.qp.post_send(&[write(4, SendFlags::empty())]).unwrap_err();
+    assert!(
+        matches!(refused.error, crate::TransportError::QueueFull(_)),
+        "{refused:?}"
+    );
+}
