@@ -236,8 +236,7 @@ impl Run {
             .context("job poller vanished")?;
         let mut results: Vec<JobResult> = Vec::new();
         let mut queues = std::mem::take(&mut self.idle);
-        for job in poller.jobs.into_jobs() {
-            let (result, queue) = job.finish();
+        for (result, queue) in poller.jobs.finish() {
             results.push(result);
             queues.push(queue);
         }

@@ -6,11 +6,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hdrhistogram::Histogram;
+
 use crate::io::{IoKind, IoQueue, NsTarget};
 use crate::queue::HostQueue;
 
 use super::in_flight::InFlightUnits;
-use super::report::JobResult;
+use super::report::{JobResult, record_latency};
 use super::verify;
 use super::workload::{Generator, Op, Pattern};
 
@@ -182,15 +184,16 @@ impl<Q: HostQueue> Job<Q> {
     /// completes at submit, the loopback, reports the submissions of a step in that step.)
     pub fn step(&mut self) -> usize {
         self.refill();
-        self.reap()
+        self.reap(None)
     }
 
     /// Reap completions, then refill the queue, so a completion's slot is reused in the same
     /// step: for a poller that steps a job when its queue has completions
     /// ([`super::job_set::JobSet`]), one step per completion instead of one to reap and
-    /// another to submit. Returns the completions handled.
-    pub fn step_reap_first(&mut self) -> usize {
-        let n = self.reap();
+    /// another to submit. Latencies go to `latency` (the set's histogram for this job's
+    /// namespace), not to the job's own result. Returns the completions handled.
+    pub fn step_reap_first(&mut self, latency: &mut Histogram<u64>) -> usize {
+        let n = self.reap(Some(latency));
         self.refill();
         n
     }
@@ -205,8 +208,9 @@ impl<Q: HostQueue> Job<Q> {
         }
     }
 
-    /// Reaps the queue's completions into the results; returns how many.
-    fn reap(&mut self) -> usize {
+    /// Reaps the queue's completions into the results, their latencies into `shared_latency`
+    /// if given (else the result's own histogram); returns how many.
+    fn reap(&mut self, mut shared_latency: Option<&mut Histogram<u64>>) -> usize {
         let (before_ios, before_bytes) =
             (self.result.reads + self.result.writes, self.result.bytes);
         let bs = self.ns.block_size as usize;
@@ -249,7 +253,13 @@ impl<Q: HostQueue> Job<Q> {
                     } else if spec.verify {
                         generations[unit] = carried;
                     }
-                    result.record(c.latency, spec.io_size as u64, read);
+                    match shared_latency.as_deref_mut() {
+                        Some(histogram) => {
+                            record_latency(histogram, c.latency);
+                            result.count(spec.io_size as u64, read);
+                        }
+                        None => result.record(c.latency, spec.io_size as u64, read),
+                    }
                 }
                 Err(e) => {
                     if c.kind == IoKind::Write && spec.verify {

@@ -4,23 +4,54 @@
 //! ([`ReadyQueues`]), so a reactor with many queues at low depth does work per completion,
 //! not per job. Jobs over queues without a completion group are stepped every pass. A pass
 //! steps a job with [`Job::step_reap_first`]: its completions, then its refill.
+//!
+//! Latency: one histogram per namespace for all the set's jobs on it, as spdk_nvme_perf keeps
+//! one per namespace and core. A histogram per job (3 significant digits: tens of KiB each)
+//! put every record of 128 jobs at queue depth 1 on a line the cache had lost: an eighth of
+//! the host's time per I/O. The report merges per namespace anyway.
+
+use hdrhistogram::Histogram;
 
 use crate::io::{IoQueue, ReadyQueues};
 use crate::queue::HostQueue;
 
 use super::job::Job;
+use super::report::{JobResult, latency_histogram};
 
 /// Jobs stepped by one poller (see the module documentation).
 pub struct JobSet<Q: HostQueue> {
     jobs: Vec<Job<Q>>,
     ready: ReadyQueues,
+    /// One per namespace the jobs run on, in order of first appearance.
+    latency: Vec<(u32, Histogram<u64>)>,
+    /// Job `i`'s histogram: `latency[latency_of[i]]`.
+    latency_of: Vec<usize>,
 }
 
 impl<Q: HostQueue> JobSet<Q> {
     /// A poller over `jobs`.
     pub fn new(jobs: Vec<Job<Q>>) -> Self {
         let ready = ReadyQueues::with_queues(jobs.iter().map(|j| j.io_queue().queue()));
-        Self { jobs, ready }
+        let mut latency: Vec<(u32, Histogram<u64>)> = Vec::new();
+        let latency_of = jobs
+            .iter()
+            .map(|job| {
+                let nsid = job.result().nsid;
+                match latency.iter().position(|(id, _)| *id == nsid) {
+                    Some(index) => index,
+                    None => {
+                        latency.push((nsid, latency_histogram()));
+                        latency.len() - 1
+                    }
+                }
+            })
+            .collect();
+        Self {
+            jobs,
+            ready,
+            latency,
+            latency_of,
+        }
     }
 
     /// Steps every job (whatever its queue reports); returns the completions handled.
@@ -31,11 +62,16 @@ impl<Q: HostQueue> JobSet<Q> {
     /// One pass: steps the jobs whose queue has something to report or that have I/O to
     /// submit (every job on a sweep pass); returns the completions handled.
     pub fn step(&mut self) -> usize {
-        let Self { jobs, ready } = self;
+        let Self {
+            jobs,
+            ready,
+            latency,
+            latency_of,
+        } = self;
         let mut n = 0;
         ready.pass(|i| {
             let job = &mut jobs[i];
-            n += job.step_reap_first();
+            n += job.step_reap_first(&mut latency[latency_of[i]].1);
             job.wants_step()
         });
         n
@@ -64,8 +100,22 @@ impl<Q: HostQueue> JobSet<Q> {
         }
     }
 
-    /// The jobs, given back.
-    pub fn into_jobs(self) -> Vec<Job<Q>> {
+    /// Each job's result and queue, in job order; a namespace's latency histogram comes with
+    /// its first job's result.
+    pub fn finish(self) -> Vec<(JobResult, IoQueue<Q>)> {
+        let mut latency: Vec<Option<Histogram<u64>>> =
+            self.latency.into_iter().map(|(_, h)| Some(h)).collect();
         self.jobs
+            .into_iter()
+            .zip(self.latency_of)
+            .map(|(job, index)| {
+                let (mut result, queue) = job.finish();
+                if let Some(shared) = latency[index].take() {
+                    // The job's own histogram holds what `Job::step` recorded (the drain after a stop).
+                    let _ = result.latency.add(&shared);
+                }
+                (result, queue)
+            })
+            .collect()
     }
 }

@@ -34,7 +34,8 @@ pub struct JobResult {
     pub verify_failures: u64,
     /// First mismatches.
     pub mismatches: Vec<Mismatch>,
-    /// Latency of successful I/O, ns.
+    /// Latency of successful I/O, ns. Jobs stepped by a `JobSet` share one histogram per
+    /// namespace, given back with the namespace's first job (the others' stay empty).
     pub latency: Histogram<u64>,
 }
 
@@ -52,14 +53,19 @@ impl JobResult {
             verify_failures: 0,
             mismatches: Vec::new(),
             // 3 significant digits, auto-resizing: no upper bound to guess.
-            latency: Histogram::new(3).unwrap_or_else(|_| unreachable_histogram()),
+            latency: latency_histogram(),
         }
     }
 
     /// Record one successful I/O.
     pub fn record(&mut self, latency: Duration, bytes: u64, read: bool) {
-        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let _ = self.latency.record(ns);
+        record_latency(&mut self.latency, latency);
+        self.count(bytes, read);
+    }
+
+    /// Count one successful I/O whose latency went to a histogram shared by several jobs
+    /// (see `JobSet`).
+    pub fn count(&mut self, bytes: u64, read: bool) {
         self.bytes += bytes;
         if read {
             self.reads += 1;
@@ -112,6 +118,17 @@ impl JobResult {
         }
         let _ = self.latency.add(&other.latency);
     }
+}
+
+/// A latency histogram as a result keeps it (ns, 3 significant digits, auto-resizing).
+pub fn latency_histogram() -> Histogram<u64> {
+    Histogram::new(3).unwrap_or_else(|_| unreachable_histogram())
+}
+
+/// Record one I/O's latency into `histogram` (ns, at least 1).
+pub fn record_latency(histogram: &mut Histogram<u64>, latency: Duration) {
+    let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let _ = histogram.record(ns);
 }
 
 fn unreachable_histogram() -> Histogram<u64> {

@@ -249,7 +249,7 @@ where
             .call(move |reactor| reactor.take_poller::<JobPoller<F::Queue>>(id))
             .map_err(poller_error)?;
         if let Some(p) = poller {
-            results.extend(p.jobs.into_jobs().into_iter().map(|j| j.finish().0));
+            results.extend(p.jobs.finish().into_iter().map(|(result, _)| result));
         }
     }
     runtime.stop().map_err(poller_error)?;

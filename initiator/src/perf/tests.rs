@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::job::{Job, JobSpec, Progress};
+use super::job_set::JobSet;
 use super::runner::{RunConfig, plan_jobs, run};
 use super::workload::Pattern;
 use crate::controller::tests::attach;
@@ -258,5 +259,45 @@ fn a_controller_given_up_ends_the_run_with_its_reason() {
             assert!(why.contains("reconnect disabled"), "{why}")
         }
         other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_job_set_reports_every_latency_once_per_namespace() {
+    let (_, mut c) = controller(4);
+    let progress = Arc::new(Progress::default());
+    let jobs = (0..4)
+        .map(|i| {
+            let nsid = 1 + i as u32 / 2;
+            let ns = c.namespace(nsid).unwrap().target();
+            let queue = c.take_io_queue(i).unwrap();
+            let first = (i as u64 % 2) * 64;
+            Job::new(
+                queue,
+                ns,
+                first,
+                64,
+                spec(Pattern::RandRw, true),
+                i as u64,
+                progress.clone(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let mut set = JobSet::new(jobs);
+    for _ in 0..50 {
+        set.step();
+    }
+    set.stop_all();
+    while !set.is_drained() {
+        set.step_all();
+    }
+    let results: Vec<_> = set.finish().into_iter().map(|(r, _)| r).collect();
+    for nsid in [1, 2] {
+        let of_ns: Vec<_> = results.iter().filter(|r| r.nsid == nsid).collect();
+        let ios: u64 = of_ns.iter().map(|r| r.reads + r.writes).sum();
+        let latencies: u64 = of_ns.iter().map(|r| r.latency.len()).sum();
+        assert!(ios > 0, "namespace {nsid} did no I/O");
+        assert_eq!(latencies, ios, "namespace {nsid}");
     }
 }
