@@ -197,18 +197,26 @@ impl RetireTable {
 mod tests {
     use super::*;
 
+    /// Polls `mark`'s completion; then what `slot` has outstanding with `next_seq` posted.
+    fn outstanding_after(
+        table: &RetireTable,
+        mark: RetireMark,
+        slot: RetireSlot,
+        next_seq: u64,
+    ) -> u32 {
+        table.retire(mark);
+        table.outstanding(slot, next_seq)
+    }
+
     #[test]
     fn a_completion_retires_through_its_wr_and_never_backwards() {
         let table = RetireTable::new(4);
         let slot = table.attach().unwrap();
         assert_eq!(table.outstanding(slot, 5), 5);
-        table.retire(slot.mark(2));
-        assert_eq!(table.outstanding(slot, 5), 2);
+        assert_eq!(outstanding_after(&table, slot.mark(2), slot, 5), 2);
         // A poller that lost the race hands in an earlier completion after a later one.
-        table.retire(slot.mark(1));
-        assert_eq!(table.outstanding(slot, 5), 2);
-        table.retire(slot.mark(4));
-        assert_eq!(table.outstanding(slot, 5), 0);
+        assert_eq!(outstanding_after(&table, slot.mark(1), slot, 5), 2);
+        assert_eq!(outstanding_after(&table, slot.mark(4), slot, 5), 0);
     }
 
     #[test]
@@ -220,12 +228,16 @@ mod tests {
         for step in 1..4 {
             table.retire(slot.mark(step * u64::from(MAX_SEND_QUEUE) - 1));
         }
-        table.retire(slot.mark(base - 1));
-        assert_eq!(table.outstanding(slot, base + 6), 6);
-        table.retire(slot.mark(base + 3));
-        assert_eq!(table.outstanding(slot, base + 6), 2);
-        table.retire(slot.mark(base));
-        assert_eq!(table.outstanding(slot, base + 6), 2);
+        let next = base + 6;
+        assert_eq!(
+            outstanding_after(&table, slot.mark(base - 1), slot, next),
+            6
+        );
+        assert_eq!(
+            outstanding_after(&table, slot.mark(base + 3), slot, next),
+            2
+        );
+        assert_eq!(outstanding_after(&table, slot.mark(base), slot, next), 2);
     }
 
     #[test]
@@ -233,16 +245,13 @@ mod tests {
         let table = RetireTable::new(4);
         let old = table.attach().unwrap();
         let reset = table.reset(old);
-        table.retire(old.mark(7));
-        assert_eq!(table.outstanding(reset, 3), 3);
+        assert_eq!(outstanding_after(&table, old.mark(7), reset, 3), 3);
         table.detach(reset);
         let reused = table.attach().unwrap();
         assert_eq!(reused.index, reset.index);
         table.retire(reset.mark(1));
-        table.retire(old.mark(1));
-        assert_eq!(table.outstanding(reused, 2), 2);
-        table.retire(reused.mark(0));
-        assert_eq!(table.outstanding(reused, 2), 1);
+        assert_eq!(outstanding_after(&table, old.mark(1), reused, 2), 2);
+        assert_eq!(outstanding_after(&table, reused.mark(0), reused, 2), 1);
     }
 
     #[test]
