@@ -273,7 +273,9 @@ pub(crate) struct QpShared {
     /// A thread is flushing the receive queue (`flush_recvs`: one at a time keeps the order).
     flushing: AtomicBool,
     /// This QP's counter in its send CQ's retire table (`RetireSlot` as a word: the owner
-    /// changes it on reset, any thread completing a send reads it).
+    /// changes it on reset, any thread completing a send reads it). Relaxed is enough: a WR
+    /// posted after a reset reaches another thread only through the send queue's lock, which
+    /// orders the owner's store before that thread's load.
     retire_slot: AtomicU64,
     /// Sends are stalled: new ones queue behind the head (RC order).
     stalled: AtomicBool,
