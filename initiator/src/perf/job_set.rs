@@ -23,7 +23,7 @@ pub struct JobSet<Q: HostQueue> {
     jobs: Vec<Job<Q>>,
     ready: ReadyQueues,
     /// One per namespace the jobs run on, in order of first appearance.
-    latency: Vec<(u32, Histogram<u64>)>,
+    latency: Vec<Histogram<u64>>,
     /// Job `i`'s histogram: `latency[latency_of[i]]`.
     latency_of: Vec<usize>,
 }
@@ -32,20 +32,18 @@ impl<Q: HostQueue> JobSet<Q> {
     /// A poller over `jobs`.
     pub fn new(jobs: Vec<Job<Q>>) -> Self {
         let ready = ReadyQueues::with_queues(jobs.iter().map(|j| j.io_queue().queue()));
-        let mut latency: Vec<(u32, Histogram<u64>)> = Vec::new();
+        let mut nsids = Vec::new();
         let latency_of = jobs
             .iter()
             .map(|job| {
                 let nsid = job.result().nsid;
-                match latency.iter().position(|(id, _)| *id == nsid) {
-                    Some(index) => index,
-                    None => {
-                        latency.push((nsid, latency_histogram()));
-                        latency.len() - 1
-                    }
-                }
+                nsids.iter().position(|&id| id == nsid).unwrap_or_else(|| {
+                    nsids.push(nsid);
+                    nsids.len() - 1
+                })
             })
             .collect();
+        let latency = nsids.iter().map(|_| latency_histogram()).collect();
         Self {
             jobs,
             ready,
@@ -71,7 +69,7 @@ impl<Q: HostQueue> JobSet<Q> {
         let mut n = 0;
         ready.pass(|i| {
             let job = &mut jobs[i];
-            n += job.step_reap_first(&mut latency[latency_of[i]].1);
+            n += job.step_reap_first(&mut latency[latency_of[i]]);
             job.wants_step()
         });
         n
@@ -103,15 +101,15 @@ impl<Q: HostQueue> JobSet<Q> {
     /// Each job's result and queue, in job order; a namespace's latency histogram comes with
     /// its first job's result.
     pub fn finish(self) -> Vec<(JobResult, IoQueue<Q>)> {
-        let mut latency: Vec<Option<Histogram<u64>>> =
-            self.latency.into_iter().map(|(_, h)| Some(h)).collect();
+        let mut latency: Vec<Option<Histogram<u64>>> = self.latency.into_iter().map(Some).collect();
         self.jobs
             .into_iter()
             .zip(self.latency_of)
             .map(|(job, index)| {
                 let (mut result, queue) = job.finish();
                 if let Some(shared) = latency[index].take() {
-                    // The job's own histogram holds what `Job::step` recorded (the drain after a stop).
+                    // The job's own histogram holds what `Job::step` recorded (the drain
+                    // after a stop).
                     let _ = result.latency.add(&shared);
                 }
                 (result, queue)
