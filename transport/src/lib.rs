@@ -10,6 +10,7 @@
 //! `provider` states the contract; `device` and `cm` are the public enum façade over providers;
 //! `pollgroup` is the per-reactor, per-device CQ + SRQ + qpair RB-tree that the target drives.
 
+pub mod async_hub;
 pub mod cm;
 pub mod device;
 pub mod error;
@@ -26,6 +27,7 @@ pub mod soft;
 #[cfg(feature = "rdma")]
 pub mod verbs;
 
+pub use async_hub::{AsyncHub, AsyncListener, AsyncRoute, AsyncSink};
 pub use cm::{CmChannel, CmEvent, CmId};
 pub use device::{CompChannel, Context, Cq, DeviceSpec, Mr, Mw, Pd, Qp, QpInitAttr, Srq, devices};
 pub use error::{PostError, Result, TransportError};

@@ -522,6 +522,22 @@ pub enum AsyncEventKind {
     Other { code: u32 },
 }
 
+impl AsyncEventKind {
+    /// The QP the event names; None for events of an SRQ, a CQ, a port or the whole device.
+    pub fn qp_num(&self) -> Option<u32> {
+        match *self {
+            Self::QpFatal { qp_num }
+            | Self::QpReqErr { qp_num }
+            | Self::QpAccessErr { qp_num }
+            | Self::CommEstablished { qp_num }
+            | Self::SqDrained { qp_num }
+            | Self::PathMigrated { qp_num }
+            | Self::QpLastWqeReached { qp_num } => Some(qp_num),
+            _ => None,
+        }
+    }
+}
+
 /// An async event; the provider has already acknowledged it (destroying a QP blocks on
 /// unacknowledged events in verbs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

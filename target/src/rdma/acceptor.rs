@@ -8,7 +8,9 @@
 //!   own CQ and SRQ and accepts (the `CmId` moves inside the message).
 //! - Later CM events name the connection's token: the table token -> (device, group) sends
 //!   them to the owning reactor.
-//! - Async events name only a qp_num. Routing: the table (device, qp_num) -> group, filled by
+//! - Async events name only a qp_num. They are read through the device's `AsyncHub` (a host
+//!   in the same process owns QPs on the device too): the hub hands this acceptor, as a
+//!   `Control::Async` message, the events no host route claims. Routing: the table (device, qp_num) -> group, filled by
 //!   the reactor's `Placed` report and emptied by `Gone`. An event for a qp_num not in the
 //!   table (it raced the `Placed` report, or is not ours) and device-wide events are broadcast
 //!   to every group of that device: a poll group ignores qp_nums it does not hold, so a
@@ -30,7 +32,9 @@ use mio::{Events, Interest, Poll, Token};
 use nvmf_poller::{PollerId, ReactorHandle};
 use nvmf_protocol::cm::{RdmaReject, RejectStatus};
 use nvmf_transport::pollgroup::{Handler, Placement};
-use nvmf_transport::{AsyncEventKind, CmChannel, CmEvent, CmEventKind, CmId, Context};
+use nvmf_transport::{
+    AsyncEventKind, AsyncHub, AsyncListener, CmChannel, CmEvent, CmEventKind, CmId, Context,
+};
 
 use super::connect::{self, ConnectLimits};
 use super::group_poller::GroupPoller;
@@ -94,6 +98,10 @@ pub(crate) struct GroupRef {
 /// One device as the acceptor sees it.
 pub(crate) struct DeviceSlot {
     pub ctx: Context,
+    /// The device's async events, shared with the rest of the process.
+    pub hub: AsyncHub,
+    /// What the hub hands this acceptor (as `Control::Async`), until the slot drops.
+    pub _listener: AsyncListener,
     pub groups: Vec<GroupRef>,
     pub placement: Placement,
     pub limits: ConnectLimits,
@@ -139,7 +147,7 @@ where
         }
         for (i, d) in devices.iter().enumerate() {
             reg.register(
-                &mut SourceFd(&d.ctx.async_fd()),
+                &mut SourceFd(&d.hub.fd()),
                 Token(ASYNC_BASE + i),
                 Interest::READABLE,
             )?;
@@ -196,6 +204,7 @@ where
                         self.qps.insert((device, qp_num), g);
                     }
                 }
+                Ok(Control::Async { device, kind }) => self.async_event(device, kind),
                 Ok(Control::Failed { token }) => {
                     self.conns.remove(&token);
                 }
@@ -235,18 +244,11 @@ where
         }
     }
 
-    fn drain_async(&mut self) {
-        for d in 0..self.devices.len() {
-            loop {
-                match self.devices[d].ctx.poll_async_event() {
-                    Ok(Some(ev)) => self.async_event(d, ev.kind),
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(device = d, error = %e, "reading async events failed");
-                        break;
-                    }
-                }
-            }
+    /// Reads the devices' pending async events; the hub hands ours back as `Control::Async`
+    /// (and wakes this thread), the others to their owners.
+    fn drain_async(&self) {
+        for d in &self.devices {
+            d.hub.pump();
         }
     }
 
@@ -353,7 +355,7 @@ where
     }
 
     fn async_event(&mut self, d: usize, kind: AsyncEventKind) {
-        let owner = qp_of(&kind).and_then(|q| self.qps.get(&(d, q)).copied());
+        let owner = kind.qp_num().and_then(|q| self.qps.get(&(d, q)).copied());
         let groups: Vec<GroupRef> = match owner {
             Some(g) => vec![self.devices[d].groups[g].clone()],
             None => self.devices[d].groups.clone(),
@@ -372,20 +374,6 @@ where
                 }
             });
         }
-    }
-}
-
-/// The QP an async event names, if any.
-fn qp_of(kind: &AsyncEventKind) -> Option<u32> {
-    match *kind {
-        AsyncEventKind::QpFatal { qp_num }
-        | AsyncEventKind::QpReqErr { qp_num }
-        | AsyncEventKind::QpAccessErr { qp_num }
-        | AsyncEventKind::CommEstablished { qp_num }
-        | AsyncEventKind::SqDrained { qp_num }
-        | AsyncEventKind::PathMigrated { qp_num }
-        | AsyncEventKind::QpLastWqeReached { qp_num } => Some(qp_num),
-        _ => None,
     }
 }
 

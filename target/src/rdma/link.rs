@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crossbeam_channel::Sender;
+use nvmf_transport::AsyncEventKind;
 use nvmf_transport::pollgroup::Placement;
 
 /// A message to the acceptor thread.
@@ -24,6 +25,9 @@ pub(crate) enum Control {
         token: u64,
         qp_num: u32,
     },
+    /// An async event of device `device` that no other owner in the process routes (the
+    /// device's hub hands it over from whichever thread read it).
+    Async { device: usize, kind: AsyncEventKind },
     /// Stop listening; refuse connect requests from now on. Answers on the sender.
     Quiesce(Sender<()>),
     /// Leave the thread.

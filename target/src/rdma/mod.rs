@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use nvmf_poller::{PollerError, ReactorHandle};
 use nvmf_transport::pollgroup::{Handler, Placement, PollGroup};
-use nvmf_transport::{CmChannel, Context, TransportError};
+use nvmf_transport::{AsyncHub, CmChannel, Context, TransportError};
 
 pub use acceptor::AcceptorStats;
 pub use connect::{ConnectLimits, Grant, decide};
@@ -195,8 +195,17 @@ where
                     });
                 }
                 let max_read = u8::try_from(attr.max_qp_init_rd_atom).unwrap_or(u8::MAX);
+                let hub = AsyncHub::of(&dev.ctx);
+                let (to_acceptor, wake) = (tx.clone(), waker.clone());
+                let listener = hub.listen(Arc::new(move |kind| {
+                    if to_acceptor.send(Control::Async { device: d, kind }).is_ok() {
+                        let _ = wake.wake();
+                    }
+                }));
                 slots.push(DeviceSlot {
                     ctx: dev.ctx.clone(),
+                    hub,
+                    _listener: listener,
                     groups: created[d].clone(),
                     placement,
                     limits: ConnectLimits {
