@@ -12,8 +12,8 @@
 //! Sizing ([`HostGroupConfig`]): fixed when the group is made (a poll group never grows):
 //! `requests` request objects (each with a 64-byte capsule slot in the group's capsule region,
 //! by request index: no buffer taken from the poll group's pool per command; in-capsule data
-//! goes out of the queue's registered region as a second SGE), `max_queue_depth` receive slots per
-//! qpair, at most `max_queues` qpairs. A queue joins only if its depth fits the request
+//! goes out of the queue's registered region as a second SGE), receive slots (below), at most
+//! `max_queues` qpairs. A queue joins only if its depth fits the request
 //! objects not yet reserved by the others (so no queue ever meets a request shortage below
 //! its depth); a group that is full refuses the connect with a message naming the knob.
 //!
@@ -22,18 +22,31 @@
 //! until [`HostGroup::poll_ready`] names it; a poller driving many queues then polls only
 //! those (plus the ones it has commands for) instead of every queue every pass.
 //!
+//! Receives: one shared receive queue (SRQ) of `requests` response slots where the device
+//! raises LAST_WQE_REACHED (a qpair's teardown then ends on that event); per-qpair receive
+//! queues of `max_queue_depth` slots where it does not (rxe): an SRQ QP's drain would wait
+//! out the poll group's grace instead, one queue after another.
+//!
+//! Async events: the group routes its QPs' events through the device's [`AsyncHub`] (a target
+//! in the same process shares the device's one event queue) into its own channel, read on
+//! the group's thread while a qpair drains and every [`EVENT_PASS`] polls otherwise.
+//!
 //! The group sits behind a mutex so a queue stays `Send` (a controller connects its queues on
 //! the control thread and moves them to reactors). With queues placed as above only one
 //! thread takes a group's lock, so it is never contended: one atomic each way, no syscall.
 //! The group lives while any of its queues does (each holds an `Arc`; the registry a `Weak`).
 
 use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use nvmf_transport::pollgroup::{
-    Handler, PollGroup, PollGroupConfig, QpairEvent, RecvMode, ReqId, WrKind,
+    Handler, PollGroup, PollGroupConfig, PollGroupStats, QpairEvent, RecvMode, ReqId, WrKind,
 };
-use nvmf_transport::{Access, Context, Mr, Sge, TransportError, WcStatus};
+use nvmf_transport::{
+    Access, AsyncEventKind, AsyncHub, AsyncRoute, AsyncSink, Context, Mr, Sge, TransportError,
+    WcStatus,
+};
 
 use nvmf_protocol::Sqe;
 
@@ -42,6 +55,10 @@ use crate::queue::{CompletionGroup, ConnectError};
 
 /// Bytes of a command capsule (the SQE; in-capsule data is a second SGE).
 const CAPSULE: usize = 64;
+
+/// With no qpair draining, the group reads its async events once per this many CQ polls (a
+/// QP error shows in its completions anyway; this keeps the channel from growing).
+const EVENT_PASS: u64 = 4096;
 
 /// Which reactor (host poll group) a queue belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,7 +74,8 @@ pub enum QueueHome {
 pub struct HostGroupConfig {
     /// Qpairs one group holds at most.
     pub max_queues: u32,
-    /// Deepest queue (receive slots per qpair); deeper asks are cut to this.
+    /// Deepest queue (and receive slots per qpair where the group has no SRQ); deeper asks
+    /// are cut to this.
     pub max_queue_depth: u32,
     /// Request objects (commands in flight over all queues of the group); the sum of the
     /// member queues' depths must fit.
@@ -89,6 +107,8 @@ pub struct HostGroupInfo {
     pub reserved: u32,
     /// CQ polls so far.
     pub polls: u64,
+    /// The poll group's counters (how its qpairs' drains ended, among others).
+    pub stats: PollGroupStats,
 }
 
 /// Hands each poll-group callback to the [`Side`] of the queue it concerns, and lists the
@@ -226,14 +246,48 @@ pub(super) struct HostGroup {
     pub(super) polls: u64,
     /// Request objects reserved by member queues, by token.
     reserved: Vec<u32>,
+    /// The async events of the group's QPs (see the module documentation).
+    events: GroupEvents,
     cfg: HostGroupConfig,
     home: QueueHome,
 }
 
+/// A group's share of its device's async events.
+struct GroupEvents {
+    hub: AsyncHub,
+    /// Every route of the group hands its events here.
+    sink: AsyncSink,
+    received: Receiver<AsyncEventKind>,
+    /// Each member queue's route, by token.
+    routes: Vec<Option<AsyncRoute>>,
+}
+
+impl GroupEvents {
+    fn new(ctx: &Context) -> Self {
+        let (tx, received) = channel();
+        Self {
+            hub: AsyncHub::of(ctx),
+            sink: Arc::new(move |kind| {
+                // The group is gone: nothing waits for its events any more.
+                let _ = tx.send(kind);
+            }),
+            received,
+            routes: Vec::new(),
+        }
+    }
+}
+
 impl HostGroup {
     fn new(ctx: &Context, cfg: HostGroupConfig, home: QueueHome) -> Result<Self, TransportError> {
+        // One response per request object in flight: `requests` slots cover every queue.
+        let (recv, srq_depth) = if ctx.query_device()?.raises_last_wqe_reached {
+            (RecvMode::Srq, cfg.requests.max(64))
+        } else {
+            let recvs = cfg.max_queue_depth;
+            (RecvMode::PerQpair { recvs }, cfg.max_queues * recvs)
+        };
         let pg_cfg = PollGroupConfig {
-            srq_depth: cfg.max_queues * cfg.max_queue_depth,
+            srq_depth,
             max_qpairs: cfg.max_queues,
             max_queue_depth: cfg.max_queue_depth,
             // Host receive slots take 16-byte responses only.
@@ -246,13 +300,7 @@ impl HostGroup {
             max_requests: cfg.requests,
             ..PollGroupConfig::default()
         };
-        let pg = PollGroup::new_host(
-            ctx,
-            pg_cfg,
-            RecvMode::PerQpair {
-                recvs: cfg.max_queue_depth,
-            },
-        )?;
+        let pg = PollGroup::new_host(ctx, pg_cfg, recv)?;
         // What the poll group really has: it caps request objects to fit a small device CQ.
         let capsules = pg.pd().alloc_mr(
             (pg.config().max_requests as usize).max(1) * CAPSULE,
@@ -268,6 +316,7 @@ impl HostGroup {
             },
             polls: 0,
             reserved: Vec::new(),
+            events: GroupEvents::new(ctx),
             cfg,
             home,
         })
@@ -304,17 +353,43 @@ impl HostGroup {
         Ok(token as u64)
     }
 
-    /// The queue of `token` is gone: its side and reservation go.
+    /// The async events naming `qp_num` (the QP of the queue of `token`) come to this group
+    /// until the queue leaves.
+    pub(super) fn route_events(&mut self, token: u64, qp_num: u32) {
+        let routes = &mut self.events.routes;
+        let index = token as usize;
+        if routes.len() <= index {
+            routes.resize_with(index + 1, || None);
+        }
+        routes[index] = Some(self.events.hub.route(qp_num, self.events.sink.clone()));
+    }
+
+    /// The queue of `token` is gone: its side, reservation and event route go.
     pub(super) fn leave(&mut self, token: u64) {
         if let Some(s) = self.router.sides.get_mut(token as usize) {
             *s = None;
             self.reserved[token as usize] = 0;
+        }
+        if let Some(route) = self.events.routes.get_mut(token as usize) {
+            *route = None;
+        }
+    }
+
+    /// Reads the device's pending async events and hands this group's to its poll group.
+    fn take_async_events(&mut self) {
+        self.events.hub.pump();
+        while let Ok(kind) = self.events.received.try_recv() {
+            self.pg.handle_async_event(&mut self.router, kind);
         }
     }
 
     /// Polls the CQ once; a failing poll fails every queue of the group.
     pub(super) fn poll(&mut self) {
         self.polls += 1;
+        // A drain may be waiting for its LAST_WQE_REACHED.
+        if self.pg.draining() > 0 || self.polls % EVENT_PASS == 0 {
+            self.take_async_events();
+        }
         if let Err(e) = self.pg.poll(&mut self.router) {
             self.router.lose_all(&format!("poll: {e}"));
         }
@@ -342,6 +417,7 @@ impl HostGroup {
             queues: self.router.sides.iter().flatten().count(),
             reserved: self.reserved.iter().sum(),
             polls: self.polls,
+            stats: self.pg.stats(),
         }
     }
 }

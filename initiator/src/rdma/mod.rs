@@ -199,6 +199,7 @@ impl Fabric for RdmaFabric {
             g.leave(token);
             return Err(ConnectError::Resources("qpair vanished".into()));
         };
+        g.route_events(token, qp_num);
         drop(g);
         // From here on dropping the queue tears the qpair down and leaves the group.
         let mut queue = RdmaQueue {

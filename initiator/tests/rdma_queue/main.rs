@@ -34,7 +34,10 @@ fn params(target: &FakeTarget) -> QueueConnectParams {
 }
 
 fn connect(target: &FakeTarget) -> RdmaQueue {
-    let fabric = RdmaFabric::new("soft", None).expect("fabric");
+    connect_with(&RdmaFabric::new("soft", None).expect("fabric"), target)
+}
+
+fn connect_with(fabric: &RdmaFabric, target: &FakeTarget) -> RdmaQueue {
     fabric.connect(&params(target)).expect("connected")
 }
 
@@ -286,4 +289,31 @@ fn a_full_host_group_refuses_a_queue_and_names_the_knob() {
     );
     drop(q);
     assert!(fabric.host_groups().is_empty());
+}
+
+/// With nobody else in the process reading the device's async events (the fake target never
+/// does), the host group reads them itself while a queue drains: the teardown ends on
+/// LAST_WQE_REACHED, not on the poll group's grace.
+#[test]
+fn a_disconnect_ends_on_last_wqe_read_by_the_host_itself() {
+    let target = FakeTarget::start();
+    let fabric = RdmaFabric::new("soft", None).expect("fabric");
+    let queue = connect_with(&fabric, &target);
+    // The queue's completion-group handle keeps the group (and its counters) after it leaves.
+    let _group = queue.completion_group().expect("a group");
+    let drains = |fabric: &RdmaFabric| {
+        let stats = fabric.host_groups()[0].stats;
+        (
+            stats.drained_last_wqe,
+            stats.drained_flush,
+            stats.drained_timeout,
+        )
+    };
+    assert_eq!(drains(&fabric), (0, 0, 0));
+    drop(queue);
+    assert_eq!(
+        drains(&fabric),
+        (1, 0, 0),
+        "drains ended on (LAST_WQE_REACHED, flush or grace, timeout)"
+    );
 }

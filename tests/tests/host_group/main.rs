@@ -365,6 +365,42 @@ fn queues_of_two_controllers_share_one_group_over_tcp() {
     shared_group(SoftFabric::Tcp, "soft-tcp", Ipv4Addr::new(127, 0, 11, 3));
 }
 
+/// A queue the host disconnects ends its drain on LAST_WQE_REACHED: the group shares one
+/// receive queue and routes its QPs' async events through the device's hub, even where a
+/// target in the same process reads the same device's events (in-process) or nobody else does
+/// (the host's own soft TCP device).
+fn host_drain_ends_on_last_wqe(fabric_kind: SoftFabric, transport: &str, ip: Ipv4Addr) {
+    let rig = Rig::start(fabric_kind, ip);
+    let mut address = rig.address.clone();
+    address.transport = transport.into();
+    let fabric = RdmaFabric::new(transport, None).expect("fabric");
+    let mut c = controller(&fabric, &address, 1);
+    let before = fabric.host_groups()[0].stats;
+    let queue = c.take_io_queue(0).expect("I/O queue");
+    drop(queue);
+    let after = fabric.host_groups()[0].stats;
+    assert_eq!(
+        (
+            after.drained_last_wqe - before.drained_last_wqe,
+            after.drained_flush - before.drained_flush,
+            after.drained_timeout - before.drained_timeout,
+        ),
+        (1, 0, 0),
+        "drains ended on (LAST_WQE_REACHED, flush or grace, timeout)"
+    );
+    c.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_host_drain_ends_on_last_wqe_in_process() {
+    host_drain_ends_on_last_wqe(SoftFabric::InProcess, "soft", Ipv4Addr::new(127, 0, 11, 5));
+}
+
+#[test]
+fn a_host_drain_ends_on_last_wqe_over_tcp() {
+    host_drain_ends_on_last_wqe(SoftFabric::Tcp, "soft-tcp", Ipv4Addr::new(127, 0, 11, 6));
+}
+
 /// Spread over two reactors: the admin queue joins the control thread's group, I/O queue qid q
 /// the group of reactor (q - 1) % 2, where nvmf-perf's runner moves it.
 #[test]

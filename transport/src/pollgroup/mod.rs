@@ -465,6 +465,11 @@ impl<R> PollGroup<R> {
         self.failed.as_deref()
     }
 
+    /// Qpairs draining now.
+    pub fn draining(&self) -> usize {
+        self.draining.len()
+    }
+
     /// Qpairs in the group (connecting, active or draining).
     pub fn qpair_count(&self) -> usize {
         self.qpairs.len()
