@@ -13,9 +13,9 @@
 //! `requests` request objects (each with a 64-byte capsule slot in the group's capsule region,
 //! by request index: no buffer taken from the poll group's pool per command; in-capsule data
 //! goes out of the queue's registered region as a second SGE), receive slots (below), at most
-//! `max_queues` qpairs. A queue joins only if its depth fits the request
-//! objects not yet reserved by the others (so no queue ever meets a request shortage below
-//! its depth); a group that is full refuses the connect with a message naming the knob.
+//! `max_queues` qpairs. A queue joins only if its depth fits the request objects not yet
+//! reserved by the others (so no queue ever meets a request shortage below its depth); a group
+//! that is full refuses the connect with a message naming the knob.
 //!
 //! Readiness ([`crate::queue::CompletionGroup`]): the router lists each queue that gets
 //! something to report (a completion handed to its side, the loss of its connection) once,

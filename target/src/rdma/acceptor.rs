@@ -10,11 +10,12 @@
 //!   them to the owning reactor.
 //! - Async events name only a qp_num. They are read through the device's `AsyncHub` (a host
 //!   in the same process owns QPs on the device too): the hub hands this acceptor, as a
-//!   `Control::Async` message, the events no host route claims. Routing: the table (device, qp_num) -> group, filled by
-//!   the reactor's `Placed` report and emptied by `Gone`. An event for a qp_num not in the
-//!   table (it raced the `Placed` report, or is not ours) and device-wide events are broadcast
-//!   to every group of that device: a poll group ignores qp_nums it does not hold, so a
-//!   broadcast is always safe, and the table keeps the common case to one message.
+//!   `Control::Async` message, the events no host route claims. Routing: the table (device,
+//!   qp_num) -> group, filled by the reactor's `Placed` report and emptied by `Gone`. An event
+//!   for a qp_num not in the table (it raced the `Placed` report, or is not ours) and
+//!   device-wide events are broadcast to every group of that device: a poll group ignores
+//!   qp_nums it does not hold, so a broadcast is always safe, and the table keeps the common
+//!   case to one message.
 //!
 //! The thread sleeps in epoll on the CM channel fds, the async fds and a waker the reactors
 //! (and `RdmaTransport`) ring after queueing a `Control` message; a 250 ms timeout bounds any
