@@ -8,7 +8,8 @@
 //!   fabric and over TCP, with fault injection.
 //!
 //! `provider` states the contract; `device` and `cm` are the public enum façade over providers;
-//! `pollgroup` is the per-reactor, per-device CQ + SRQ + qpair RB-tree that the target drives.
+//! `pollgroup` is the per-reactor, per-device CQ + SRQ + qpair RB-tree that the target and the
+//! host drive; `async_hub` hands a device's async events to the owner of each QP in the process.
 
 pub mod async_hub;
 pub mod cm;
