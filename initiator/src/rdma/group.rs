@@ -78,7 +78,7 @@ pub struct HostGroupConfig {
     /// are cut to this.
     pub max_queue_depth: u32,
     /// Request objects (commands in flight over all queues of the group); the sum of the
-    /// member queues' depths must fit.
+    /// member queues' depths must fit. With an SRQ, also its response slots (at least 64).
     pub requests: u32,
 }
 
