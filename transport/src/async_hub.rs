@@ -200,12 +200,15 @@ mod tests {
     use crate::types::SoftConfig;
     use std::sync::mpsc::{Receiver, channel};
 
-    fn device(name: &str) -> Context {
-        Context::open(&DeviceSpec::Soft(SoftConfig {
+    /// A fresh soft device and its hub.
+    fn device(name: &str) -> (Context, AsyncHub) {
+        let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
             name: name.into(),
             ..SoftConfig::default()
         }))
-        .unwrap()
+        .unwrap();
+        let hub = AsyncHub::of(&ctx);
+        (ctx, hub)
     }
 
     fn sink() -> (AsyncSink, Receiver<AsyncEventKind>) {
@@ -228,11 +231,11 @@ mod tests {
 
     #[test]
     fn an_event_goes_to_the_route_of_its_qp_and_the_rest_to_listeners() {
-        let ctx = device("hub-route");
-        let hub = AsyncHub::of(&ctx);
+        let (ctx, hub) = device("hub-route");
         let (host, host_rx) = sink();
         let (target, target_rx) = sink();
         let _route = hub.route(7, host);
+        // A second `of` for the device is the same hub.
         let _listener = AsyncHub::of(&ctx).listen(target);
         raise(&ctx, last_wqe(7));
         raise(&ctx, last_wqe(8));
@@ -243,8 +246,7 @@ mod tests {
 
     #[test]
     fn an_event_of_no_qp_reaches_every_sink_once() {
-        let ctx = device("hub-device-wide");
-        let hub = AsyncHub::of(&ctx);
+        let (ctx, hub) = device("hub-device-wide");
         let (host, host_rx) = sink();
         let (target, target_rx) = sink();
         // One owner's sink behind two routes hears a device-wide event once.
@@ -259,8 +261,7 @@ mod tests {
 
     #[test]
     fn a_dropped_route_ends_only_itself() {
-        let ctx = device("hub-drop");
-        let hub = AsyncHub::of(&ctx);
+        let (ctx, hub) = device("hub-drop");
         let (old, old_rx) = sink();
         let (new, new_rx) = sink();
         let (target, target_rx) = sink();
@@ -281,8 +282,7 @@ mod tests {
 
     #[test]
     fn a_dropped_listener_hears_nothing_more() {
-        let ctx = device("hub-listener");
-        let hub = AsyncHub::of(&ctx);
+        let (ctx, hub) = device("hub-listener");
         let (target, target_rx) = sink();
         let listener = hub.listen(target);
         drop(listener);
