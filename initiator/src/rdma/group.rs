@@ -258,7 +258,7 @@ struct GroupEvents {
     /// Every route of the group hands its events here.
     sink: AsyncSink,
     received: Receiver<AsyncEventKind>,
-    /// Each member queue's route, by token.
+    /// Each member queue's route, by token (a slot per token, made with `reserved`'s).
     routes: Vec<Option<AsyncRoute>>,
 }
 
@@ -345,6 +345,7 @@ impl HostGroup {
             None => {
                 self.router.sides.push(None);
                 self.reserved.push(0);
+                self.events.routes.push(None);
                 self.router.sides.len() - 1
             }
         };
@@ -356,12 +357,12 @@ impl HostGroup {
     /// The async events naming `qp_num` (the QP of the queue of `token`) come to this group
     /// until the queue leaves.
     pub(super) fn route_events(&mut self, token: u64, qp_num: u32) {
-        let routes = &mut self.events.routes;
-        let index = token as usize;
-        if routes.len() <= index {
-            routes.resize_with(index + 1, || None);
+        let GroupEvents {
+            hub, sink, routes, ..
+        } = &mut self.events;
+        if let Some(route) = routes.get_mut(token as usize) {
+            *route = Some(hub.route(qp_num, sink.clone()));
         }
-        routes[index] = Some(self.events.hub.route(qp_num, self.events.sink.clone()));
     }
 
     /// The queue of `token` is gone: its side, reservation and event route go.
