@@ -23,9 +23,11 @@
 //! those (plus the ones it has commands for) instead of every queue every pass.
 //!
 //! Receives: one shared receive queue (SRQ) of `requests` response slots where the device
-//! raises LAST_WQE_REACHED (a qpair's teardown then ends on that event); per-qpair receive
-//! queues of `max_queue_depth` slots where it does not (rxe): an SRQ QP's drain would wait
-//! out the poll group's grace instead, one queue after another.
+//! raises LAST_WQE_REACHED (a qpair's teardown then ends on that event), plus a poll's batch:
+//! the slots a poll freed are re-posted after the submissions that follow it, off their path
+//! (`RecvRepost::NextPass`); per-qpair receive queues of `max_queue_depth` slots where it does
+//! not (rxe): an SRQ QP's drain would wait out the poll group's grace instead, one queue after
+//! another.
 //!
 //! Async events: the group routes its QPs' events through the device's [`AsyncHub`] (a target
 //! in the same process shares the device's one event queue) into its own channel, read on
@@ -41,7 +43,8 @@ use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use nvmf_transport::pollgroup::{
-    Handler, PollGroup, PollGroupConfig, PollGroupStats, QpairEvent, RecvMode, ReqId, WrKind,
+    Handler, PollGroup, PollGroupConfig, PollGroupStats, QpairEvent, RecvMode, RecvRepost, ReqId,
+    WrKind,
 };
 use nvmf_transport::{
     Access, AsyncEventKind, AsyncHub, AsyncRoute, AsyncSink, Context, Mr, Sge, TransportError,
@@ -78,7 +81,8 @@ pub struct HostGroupConfig {
     /// are cut to this.
     pub max_queue_depth: u32,
     /// Request objects (commands in flight over all queues of the group); the sum of the
-    /// member queues' depths must fit. With an SRQ, also its response slots (at least 64).
+    /// member queues' depths must fit. With an SRQ, also its response slots (at least 64, plus
+    /// one poll's batch).
     pub requests: u32,
 }
 
@@ -279,12 +283,20 @@ impl GroupEvents {
 
 impl HostGroup {
     fn new(ctx: &Context, cfg: HostGroupConfig, home: QueueHome) -> Result<Self, TransportError> {
-        // One response per request object in flight: `requests` slots cover every queue.
-        let (recv, srq_depth) = if ctx.query_device()?.raises_last_wqe_reached {
-            (RecvMode::Srq, cfg.requests.max(64))
+        // One response per request object in flight: `requests` slots cover every queue. On
+        // an SRQ a poll's freed slots go back after the submissions that follow it (off the
+        // next command's path), which keeps up to a batch of them off the SRQ: that many more.
+        let batch = PollGroupConfig::default().batch;
+        let (recv, srq_depth, recv_repost) = if ctx.query_device()?.raises_last_wqe_reached {
+            let depth = cfg.requests.max(64).saturating_add(batch as u32);
+            (RecvMode::Srq, depth, RecvRepost::NextPass)
         } else {
             let recvs = cfg.max_queue_depth;
-            (RecvMode::PerQpair { recvs }, cfg.max_queues * recvs)
+            (
+                RecvMode::PerQpair { recvs },
+                cfg.max_queues * recvs,
+                RecvRepost::EndOfPass,
+            )
         };
         let pg_cfg = PollGroupConfig {
             srq_depth,
@@ -298,6 +310,8 @@ impl HostGroup {
             io_unit_size: 64,
             data_buffers: 1,
             max_requests: cfg.requests,
+            batch,
+            recv_repost,
             ..PollGroupConfig::default()
         };
         let pg = PollGroup::new_host(ctx, pg_cfg, recv)?;

@@ -47,6 +47,7 @@ fn small_groups() -> PollGroupConfig {
         batch: 32,
         drain_timeout: Duration::from_secs(20),
         drain_grace: Duration::from_millis(20),
+        ..PollGroupConfig::default()
     }
 }
 

@@ -14,6 +14,10 @@
 //!
 //! Commands in flight per qpair are bounded by its depth: `submit` refuses past it.
 //!
+//! On an SRQ a host group may re-post the receive slots a poll freed at the start of its next
+//! poll instead of at the end of that one (`RecvRepost::NextPass`): see there why, and what
+//! sizing it needs.
+//!
 //! Connecting (CM client side): resolve a `CmId` (`CmId::resolve` on the initiator's event
 //! channel), `add_cm_qpair(id, depth, read_depth, token)` creates its QP on this group, then
 //! `connect(qp_num, param)`; ESTABLISHED reaches `handle_cm_event`.
@@ -39,6 +43,24 @@ pub enum RecvMode {
     /// Each qpair's own receive queue, `recvs` slots each, taken from the group's pool
     /// (`srq_depth` slots in all) when it joins.
     PerQpair { recvs: u32 },
+}
+
+/// When the receive slots a poll freed go back to the receive queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecvRepost {
+    /// At the end of that poll (every target group, and hosts on per-qpair receive queues).
+    #[default]
+    EndOfPass,
+    /// At the start of the next poll, before its CQ is read: for a host group on an SRQ whose
+    /// application submits between polls. Re-posting stores into receive-queue lines the
+    /// peer's core holds (on the soft fabric the responder's post pops them), and the first
+    /// locked instruction after those stores, the next submission's, waited for their lines
+    /// (about 0.1-0.2 us of each I/O at depth 1 on a two-core VM); after the submissions the
+    /// wait overlaps the peer's work. Up to a batch of slots (`batch`) is then off the SRQ
+    /// while the requests they answered are already free to carry new commands, so the SRQ
+    /// needs that slack: `srq_depth >= max_requests + batch`, checked at creation; with less,
+    /// a response could find no receive posted (RNR).
+    NextPass,
 }
 
 /// A qpair named without a tree lookup (slab index + generation): for per-I/O calls such as

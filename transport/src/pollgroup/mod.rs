@@ -45,7 +45,7 @@ use crate::error::{Result, TransportError};
 use crate::types::{SrqInit, WorkCompletion};
 
 pub use chain::{ChainWr, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_WR_SGES, kind_of};
-pub use host::{QpairHandle, RecvMode, Role};
+pub use host::{QpairHandle, RecvMode, RecvRepost, Role};
 pub use lifecycle::{AddQpairError, QpairEvent};
 pub use placement::{Placement, PlacementPolicy};
 pub use qpair::{DrainReason, QpairPhase};
@@ -90,6 +90,9 @@ pub struct PollGroupConfig {
     /// long for straggling receive completions before destroying the QP (any later ones are
     /// orphans and are re-posted, so nothing is lost either way).
     pub drain_grace: Duration,
+    /// When freed receive slots are posted again ([`RecvRepost`]: `NextPass` only for a host
+    /// group on an SRQ with `srq_depth >= max_requests + batch`).
+    pub recv_repost: RecvRepost,
 }
 
 impl Default for PollGroupConfig {
@@ -105,6 +108,7 @@ impl Default for PollGroupConfig {
             batch: 32,
             drain_timeout: Duration::from_secs(5),
             drain_grace: Duration::from_millis(20),
+            recv_repost: RecvRepost::EndOfPass,
         }
     }
 }
@@ -163,6 +167,27 @@ impl PollGroupConfig {
         let asked = self.max_requests;
         self.max_requests = fitting;
         Ok(Some(asked))
+    }
+
+    /// `NextPass` keeps up to a batch of slots off the SRQ while their requests are free
+    /// again: only a host on an SRQ with that slack may (see [`RecvRepost::NextPass`]).
+    fn check_repost(&self, role: Role, recv: RecvMode) -> Result<()> {
+        if self.recv_repost == RecvRepost::EndOfPass {
+            return Ok(());
+        }
+        let why = if role != Role::Host || recv != RecvMode::Srq {
+            "recv_repost NextPass is for host groups on an SRQ".to_string()
+        } else if u64::from(self.srq_depth) < u64::from(self.max_requests) + self.batch as u64 {
+            format!(
+                "recv_repost NextPass needs srq_depth ({}) >= max_requests ({}) + batch ({})",
+                self.srq_depth, self.max_requests, self.batch
+            )
+        } else {
+            return Ok(());
+        };
+        Err(TransportError::InvalidArgument(format!(
+            "poll group config: {why}"
+        )))
     }
 
     fn validate(&self) -> Result<()> {
@@ -302,6 +327,7 @@ impl<R> PollGroup<R> {
         recv_mode: RecvMode,
     ) -> Result<PollGroup<R>> {
         cfg.validate()?;
+        cfg.check_repost(role, recv_mode)?;
         let attr = ctx.query_device()?;
         if let Some(asked) = cfg.fit_cq(attr.max_cqe)? {
             tracing::info!(

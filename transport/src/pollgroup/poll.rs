@@ -26,7 +26,7 @@ use super::chain::Retired;
 use super::qpair::{DrainReason, QpRef, QpairPhase, live_mut};
 use super::request::{Handler, RequestState};
 use super::wrid::{self, WrId, WrKind};
-use super::{MAX_BATCH, PollGroup};
+use super::{MAX_BATCH, PollGroup, RecvRepost};
 
 /// Most WRs per send post call (at least one whole chain).
 const POST_WRS: usize = 32;
@@ -45,6 +45,10 @@ impl<R: Default> PollGroup<R> {
         let mut wcs = std::mem::take(&mut self.wcs);
         if wcs.len() < MAX_BATCH {
             wcs.resize(MAX_BATCH, WorkCompletion::default());
+        }
+        if self.cfg.recv_repost == RecvRepost::NextPass && self.recv.queued() > 0 {
+            // The last poll's slots, after what the application submitted since.
+            self.flush_recvs();
         }
         let mut n = 0;
         // Completions carried over (arm's re-check) come first.
@@ -93,7 +97,7 @@ impl<R: Default> PollGroup<R> {
         if !self.completed.is_empty() {
             self.report_completed(h);
         }
-        if self.recv.queued() > 0 {
+        if self.cfg.recv_repost == RecvRepost::EndOfPass && self.recv.queued() > 0 {
             self.flush_recvs();
         }
         if !self.draining.is_empty() {

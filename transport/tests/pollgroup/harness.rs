@@ -149,6 +149,7 @@ pub fn config(qpairs: u32) -> PollGroupConfig {
         batch: 32,
         drain_timeout: Duration::from_secs(20),
         drain_grace: Duration::from_millis(20),
+        recv_repost: RecvRepost::EndOfPass,
     }
 }
 

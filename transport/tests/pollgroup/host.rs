@@ -52,6 +52,30 @@ impl Handler<()> for Initiator {
     }
 }
 
+/// Submits command `seq` on `handle`: a 64-byte capsule the scripted target answers with a
+/// SEND.
+fn submit(host: &mut PollGroup<()>, handle: QpairHandle, i: &mut Initiator, seq: u32) {
+    let req = host.submit(handle).unwrap();
+    assert_eq!(host.alloc_buffers(req, 64).unwrap(), BufferGrant::Ready);
+    let b = host.buffer_mut(req, 0);
+    b[..64].fill(0);
+    b[4..8].copy_from_slice(&seq.to_le_bytes());
+    b[8] = OP_SEND;
+    let mut sge = [Sge::default(); 1];
+    host.buffer_sges(req, 64, &mut sge);
+    host.post_chain(
+        req,
+        &[ChainWr {
+            op: SendOp::Send,
+            sges: &sge,
+            inline: false,
+        }],
+        false,
+    )
+    .unwrap();
+    i.by_seq.insert(seq, req);
+}
+
 pub fn host_group_round_trips(flavor: Flavor) {
     let Some(fx) = Fx::open(flavor) else { return };
     let cfg = crate::chains::cfg(1);
@@ -72,26 +96,7 @@ pub fn host_group_round_trips(flavor: Flavor) {
     for round in 0..rounds {
         // A full queue: one more is refused.
         for k in 0..depth {
-            let seq = round * depth + k;
-            let req = host.submit(handle).unwrap();
-            assert_eq!(host.alloc_buffers(req, 64).unwrap(), BufferGrant::Ready);
-            let b = host.buffer_mut(req, 0);
-            b[..64].fill(0);
-            b[4..8].copy_from_slice(&seq.to_le_bytes());
-            b[8] = OP_SEND;
-            let mut sge = [Sge::default(); 1];
-            host.buffer_sges(req, 64, &mut sge);
-            host.post_chain(
-                req,
-                &[ChainWr {
-                    op: SendOp::Send,
-                    sges: &sge,
-                    inline: false,
-                }],
-                false,
-            )
-            .unwrap();
-            i.by_seq.insert(seq, req);
+            submit(&mut host, handle, &mut i, round * depth + k);
         }
         assert!(host.submit(handle).is_err(), "depth {depth} reached");
         if round % 2 == 1 {
@@ -165,4 +170,129 @@ pub fn host_drain_ends_when_its_receives_flush(flavor: Flavor) {
     let s = host.stats();
     assert_eq!((s.drained_flush, s.drained_timeout), (1, 0), "{s:?}");
     assert_eq!(host.recv_accounting(), (0, 0, 0));
+}
+
+/// `RecvRepost::NextPass` on a host SRQ: the slots a poll freed stay queued until the next
+/// poll starts, and the SRQ's batch of slack covers the worst case: every command answered
+/// while the host does not poll, then a poll freeing a whole batch whose requests carry new
+/// commands that are answered before the host polls again. No RNR retry is allowed, so a
+/// response finding no receive posted fails its chain. Needs a device that moves data while
+/// its owner does not poll (in-process, verbs; not soft TCP, where responses land only inside
+/// the host's own poll, after its re-posts).
+pub fn host_srq_reposts_at_the_next_poll(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let (requests, batch) = (8u32, 4usize);
+    let cfg = PollGroupConfig {
+        max_requests: requests,
+        batch,
+        srq_depth: requests + batch as u32,
+        recv_repost: RecvRepost::NextPass,
+        ..crate::chains::cfg(1)
+    };
+    let mut target = PollGroup::<()>::new(&fx.ctx, crate::chains::cfg(1)).unwrap();
+    let mut host = PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::Srq).unwrap();
+    let mut tq = target.create_qp().unwrap();
+    let mut hq = host.create_qp().unwrap();
+    fx.connect(&mut hq, &mut tq, 0);
+    target.add_qp(tq, requests, 16, 0).unwrap();
+    let hqpn = host.add_qp(hq, requests, 16, 0).unwrap();
+    let handle = host.qpair_handle(hqpn).unwrap();
+    let (mut t, mut i) = (Scripted::default(), Initiator::default());
+    let answered = |target: &mut PollGroup<()>, t: &mut Scripted, want: u64| {
+        let deadline = Instant::now() + patience();
+        while t.chains_ok + t.chains_failed < want || target.requests_in_use() > 0 {
+            if target.poll(t).unwrap() == 0 {
+                assert!(Instant::now() < deadline, "target {:?}", target.stats());
+            }
+        }
+    };
+    let mut seq = 0;
+    for round in 0..4 {
+        // A full group with its SEND completions reaped (the CQ then holds responses only),
+        // every command answered while the host does not poll: the SRQ holds only its slack.
+        while host.requests_in_use() < requests as usize {
+            submit(&mut host, handle, &mut i, seq);
+            seq += 1;
+        }
+        host.post_waiting(&mut i);
+        let deadline = Instant::now() + patience();
+        let responses = u64::from(seq) - i.by_seq.len() as u64;
+        while host.stats().completions - responses < u64::from(seq) {
+            host.poll(&mut i).unwrap();
+            assert!(Instant::now() < deadline, "host {:?}", host.stats());
+        }
+        answered(&mut target, &mut t, u64::from(seq));
+        // One poll: a batch of responses; their slots wait, their requests are free.
+        let done = i.completed.len();
+        host.poll(&mut i).unwrap();
+        let freed = i.completed.len() - done;
+        assert_eq!(freed, batch, "round {round}: a whole batch of responses");
+        assert_eq!(
+            host.recv_accounting().1,
+            batch as u32,
+            "round {round}: the poll's slots wait for the next poll"
+        );
+        // New commands on the freed requests, answered before the host polls again: the
+        // slack's receives take them.
+        for _ in 0..freed {
+            submit(&mut host, handle, &mut i, seq);
+            seq += 1;
+        }
+        host.post_waiting(&mut i);
+        answered(&mut target, &mut t, u64::from(seq));
+        assert_eq!(
+            t.chains_failed, 0,
+            "round {round}: a response found no receive"
+        );
+        // The next poll posts the waiting slots before it reads the CQ: only the slots of
+        // the responses it reaped wait after it.
+        let (calls, waiting) = (host.stats().recv_post_calls, i.by_seq.len());
+        host.poll(&mut i).unwrap();
+        assert!(
+            host.stats().recv_post_calls > calls,
+            "round {round}: nothing re-posted"
+        );
+        let reaped = waiting - i.by_seq.len();
+        assert_eq!(host.recv_accounting().1, reaped as u32, "round {round}");
+        let deadline = Instant::now() + patience();
+        while i.completed.len() < seq as usize || host.requests_in_use() > 0 {
+            if host.poll(&mut i).unwrap() == 0 {
+                assert!(Instant::now() < deadline, "host {:?}", host.stats());
+            }
+        }
+    }
+    let mut seen = i.completed.clone();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..seq).collect::<Vec<_>>());
+    assert_eq!(t.chains_failed, 0);
+    host.poll(&mut i).unwrap();
+    assert_eq!(host.recv_accounting(), (requests + batch as u32, 0, 0));
+}
+
+/// `RecvRepost::NextPass` is refused where its slack cannot be had: on a target group, on
+/// per-qpair receive queues, and on an SRQ smaller than max_requests + batch.
+pub fn next_pass_repost_needs_a_host_srq_with_slack(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let cfg = |srq_depth: u32| PollGroupConfig {
+        max_requests: 8,
+        batch: 4,
+        srq_depth,
+        recv_repost: RecvRepost::NextPass,
+        ..crate::chains::cfg(1)
+    };
+    let refused = |r: Result<PollGroup<()>>, what: &str| match r {
+        Err(TransportError::InvalidArgument(m)) => assert!(m.contains("NextPass"), "{what}: {m}"),
+        Err(e) => panic!("{what}: {e}"),
+        Ok(_) => panic!("{what}: accepted"),
+    };
+    refused(PollGroup::new(&fx.ctx, cfg(64)), "a target group");
+    refused(
+        PollGroup::new_host(&fx.ctx, cfg(64), RecvMode::PerQpair { recvs: 8 }),
+        "per-qpair receive queues",
+    );
+    refused(
+        PollGroup::new_host(&fx.ctx, cfg(11), RecvMode::Srq),
+        "an SRQ one slot short",
+    );
+    assert!(PollGroup::<()>::new_host(&fx.ctx, cfg(12), RecvMode::Srq).is_ok());
 }

@@ -326,6 +326,11 @@ macro_rules! pollgroup_suite {
             }
             #[test]
             $(#[$attr])*
+            fn next_pass_repost_needs_a_host_srq_with_slack() {
+                crate::host::next_pass_repost_needs_a_host_srq_with_slack(F)
+            }
+            #[test]
+            $(#[$attr])*
             fn stress_64_qpairs_with_faults() {
                 crate::stress::stress(F, 3)
             }
@@ -343,10 +348,32 @@ macro_rules! pollgroup_suite {
     };
 }
 
+/// Cases that need a device moving data while its owner does not poll: not soft TCP, where a
+/// device moves data only inside its owner's poll.
+macro_rules! async_device_suite {
+    ($module:ident, $flavor:expr $(, #[$attr:meta])*) => {
+        mod $module {
+            use crate::fixture::Flavor;
+            const F: Flavor = $flavor;
+            #[test]
+            $(#[$attr])*
+            fn host_srq_reposts_at_the_next_poll() {
+                crate::host::host_srq_reposts_at_the_next_poll(F)
+            }
+        }
+    };
+}
+
 pollgroup_suite!(pollgroup_soft_inprocess, Flavor::SoftInProcess);
 pollgroup_suite!(pollgroup_soft_tcp, Flavor::SoftTcp);
 pollgroup_suite!(
     pollgroup_verbs,
+    Flavor::Verbs,
+    #[ignore = "needs an RDMA device: run in the QEMU lab (scripts/interop.sh verbs)"]
+);
+async_device_suite!(pollgroup_soft_inprocess_async, Flavor::SoftInProcess);
+async_device_suite!(
+    pollgroup_verbs_async,
     Flavor::Verbs,
     #[ignore = "needs an RDMA device: run in the QEMU lab (scripts/interop.sh verbs)"]
 );

@@ -46,6 +46,7 @@ pub fn stress(flavor: Flavor, secs: u64) {
         batch: 32,
         drain_timeout: Duration::from_secs(10),
         drain_grace: Duration::from_millis(20),
+        recv_repost: RecvRepost::EndOfPass,
     };
     let shape = QpairShape {
         depth: 16,
