@@ -3,7 +3,8 @@
 # NVMF_BENCH_RUNS times (interleaved across cases: this machine's speed swings in minute-long
 # stretches), prints markdown tables of the median (min-max) and writes build/bench/bench.json.
 #
-#   (a) wire    the soft in-process fabric's limit (transport API only)
+#   (a) wire    the soft in-process fabric's limit (transport API only), the cores' cache line
+#               round trip
 #   (b) inproc  nvmf-tgt engine + nvmf-perf engine in one process (in-process fabric)
 #   (c) tcp     nvmf-tgt + nvmf-perf as processes over soft TCP on loopback
 #   (e) qpairs  1 / 64 / 1024 qpairs on one target reactor, IOPS and RSS (in-process and TCP)

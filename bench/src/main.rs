@@ -4,6 +4,7 @@
 
 mod cost;
 mod host;
+mod line_trip;
 mod runs;
 mod stats;
 mod target;
@@ -63,7 +64,9 @@ impl Common {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// The soft in-process fabric's limit, transport API only: SEND/RECV messages per second
-    /// and 4 KiB RDMA WRITEs per second, one pinned thread per side, a fixed window in flight.
+    /// and 4 KiB RDMA WRITEs per second, one pinned thread per side, a fixed window in flight;
+    /// and the machine's floor for depth 1, the round trip of one cache line between the two
+    /// cores.
     Wire {
         #[command(flatten)]
         common: Common,

@@ -17,6 +17,7 @@ use nvmf_poller::{BusyWindow, Runtime, RuntimeConfig};
 
 use crate::Common;
 use crate::host;
+use crate::line_trip;
 use crate::stats::{Collector, Metric, Section};
 use crate::target::{self, Daemon, InProcessTarget};
 use crate::wire::{self, Op, WireSpec};
@@ -24,6 +25,7 @@ use crate::wire::{self, Op, WireSpec};
 /// Row names of the wire section, used to compute the in-process share.
 const WIRE_SEND: &str = "SEND/RECV";
 const WIRE_WRITE: &str = "RDMA WRITE";
+const LINE_TRIP: &str = "cache line round trip";
 
 const BUSY_NOTE: &str = "target busy %: share of the run's wall time (from the perf run's start \
      to its drain) the target reactor spent in passes that found work (its own busy-time \
@@ -69,6 +71,14 @@ pub fn wire(common: &Common, window: u32, send_size: u32, write_size: u32) -> Re
             };
             c.add(name, "GiB/s", rate * f64::from(bytes) / (1u64 << 30) as f64);
         }
+        let ns = line_trip::measure(
+            common.duration(),
+            common.target_core,
+            common.host_core,
+            common.pin(),
+        )
+        .context("cache line round trip")?;
+        c.add(LINE_TRIP, "round trip ns", ns);
     }
     Ok(Section {
         id: "wire".into(),
@@ -77,7 +87,11 @@ pub fn wire(common: &Common, window: u32, send_size: u32, write_size: u32) -> Re
         ),
         command: command_line(),
         rows: c.rows(),
-        notes: vec![],
+        notes: vec![format!(
+            "{LINE_TRIP}: one core stores a word, the other sees it and stores it back on a line \
+             of its own, the first sees that: the least a depth-1 exchange between the two \
+             cores costs (a QD 1 I/O makes at least one: command out, response back)."
+        )],
     })
 }
 

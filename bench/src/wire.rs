@@ -119,7 +119,7 @@ fn connect(a: &mut Qp, b: &mut Qp) -> Result<()> {
     Ok(())
 }
 
-fn pin(core: usize, on: bool) {
+pub(crate) fn pin(core: usize, on: bool) {
     if on && !core_affinity::set_for_current(core_affinity::CoreId { id: core }) {
         tracing::warn!(core, "could not pin the thread");
     }
