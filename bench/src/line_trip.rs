@@ -6,8 +6,9 @@
 //!
 //! The trips cycle through [`PAIRS`] pairs of lines: on a mesh a line's coherence traffic goes
 //! through the cache slice its address hashes to, so no one line's slice decides the figure.
-//! On a VM the figure also moves with where the hypervisor runs the two vCPUs (0.28-0.59 us
-//! between runs on the machine of docs/performance.md): quote it from the same run.
+//! On a VM the figure also moves between runs (0.28-0.59 us on the machine of
+//! docs/performance.md, likely with where the hypervisor places the vCPUs): quote it from the
+//! same run.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
