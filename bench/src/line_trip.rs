@@ -21,7 +21,8 @@ const WARMUP: Duration = Duration::from_millis(200);
 const TRIPS_PER_CHECK: u64 = 256;
 /// The number the requester writes to end the run.
 const STOP: u64 = u64::MAX;
-/// How long the requester waits for one answer before it gives up (the responder is gone).
+/// How far past the run's planned end the requester waits for an answer before it gives up
+/// (the responder is gone).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Line pairs the trips cycle through (see the module documentation).
 const PAIRS: usize = 64;
