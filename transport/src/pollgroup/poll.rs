@@ -20,9 +20,9 @@
 use arrayvec::ArrayVec;
 
 use crate::error::{Result, TransportError};
-use crate::types::{SendWr, WcStatus, WorkCompletion};
+use crate::types::{SendFlags, SendWr, WcStatus, WorkCompletion};
 
-use super::chain::Retired;
+use super::chain::{Chain, Retired};
 use super::qpair::{DrainReason, QpRef, QpairPhase, live_mut};
 use super::request::{Handler, RequestState};
 use super::wrid::{self, WrId, WrKind};
@@ -291,10 +291,23 @@ impl<R: Default> PollGroup<R> {
             tracing::debug!(?id, qp_num = wc.qp_num, status = ?wc.status, "stale send-side completion dropped");
             return;
         }
+        let qref = self.reqs[index as usize].qpair;
+        if live_mut(&mut self.qpairs, qref).is_some_and(|q| !q.silent.is_empty()) {
+            self.retire_silent_before(h, qref, index);
+            // The handler heard of those chains: what it called may have ended this request
+            // or its qpair meanwhile.
+            let live = self.req_generation[index as usize] == id.generation
+                && self
+                    .reqs
+                    .get(index as usize)
+                    .is_some_and(|r| !r.aborted() && r.state == RequestState::Posted);
+            if !live {
+                return;
+            }
+        }
         let chain = &mut self.chains[index as usize];
         let retired = chain.retire_through(id.position, wc.status);
         let over = chain.is_over();
-        let qref = self.reqs[index as usize].qpair;
         self.retired_on(qref, retired);
         if wc.status != WcStatus::Success {
             if wc.status != WcStatus::WrFlushErr {
@@ -332,7 +345,8 @@ impl<R: Default> PollGroup<R> {
             d.sends_quiet_at = Some(now);
         }
         // Every WR posted before the marker is done: unsignaled ones whose signaled tail
-        // never reached the QP (a partly posted chain) are retired here.
+        // never reached the QP (a partly posted chain, silent chains) are retired here.
+        self.forget_silent(qref);
         let posted: Vec<u32> = self
             .reqs
             .iter()
@@ -403,6 +417,8 @@ impl<R: Default> PollGroup<R> {
             let mut batch = ArrayVec::<u32, POST_WRS>::new();
             // The FIFO emptied into this batch: no pass after it (nothing below adds to it).
             let emptied;
+            // Bit k: `batch[k]` was posted without a completion of its own.
+            let silent;
             // One pass over the FIFO with the qpair looked up once: with many qpairs each
             // holds a chain or two per poll, so what costs per qpair (not per WR) counts.
             let (posted, fault, at) = {
@@ -410,6 +426,8 @@ impl<R: Default> PollGroup<R> {
                     return;
                 };
                 let mut wrs = ArrayVec::<SendWr, POST_WRS>::new();
+                // Where each chain of the batch ends in `wrs` (its signaled WR).
+                let mut ends = ArrayVec::<u8, POST_WRS>::new();
                 loop {
                     let Some(index) = q.to_post.front() else {
                         emptied = true;
@@ -434,14 +452,18 @@ impl<R: Default> PollGroup<R> {
                     if r.mark_posted() {
                         q.outstanding = q.outstanding.saturating_sub(1);
                     }
+                    r.post_seq = q.next_post_seq;
+                    q.next_post_seq = q.next_post_seq.wrapping_add(1);
                     // Every chain holds at least one WR, so `batch` never overflows.
                     batch.push(index);
                     let generation = self.req_generation[index as usize];
                     chain.work_requests(generation, index, &mut wrs);
+                    ends.push((wrs.len() - 1) as u8);
                 }
                 if batch.is_empty() {
                     return;
                 }
+                silent = silence(&self.chains, &batch, &ends, &mut wrs);
                 let at = wrs.len();
                 self.stats.send_post_calls += 1;
                 self.stats.send_wrs_posted += at as u64;
@@ -469,8 +491,8 @@ impl<R: Default> PollGroup<R> {
             // The error is matched here, not mapped into a tuple in the block above: carrying
             // it out of the block cost a dozen moves per post on the path that never fails.
             match (posted, fault) {
-                (Ok(()), None) => {}
-                (Ok(()), Some(after)) if after >= at => {}
+                (Ok(()), None) => self.went_silent(qref, &batch, silent),
+                (Ok(()), Some(after)) if after >= at => self.went_silent(qref, &batch, silent),
                 (Ok(()), Some(after)) => {
                     let error = TransportError::InvalidArgument("injected post failure".into());
                     self.post_failed(h, qref, &batch, after, error);
@@ -526,6 +548,90 @@ impl<R: Default> PollGroup<R> {
     }
 }
 
+/// Silent chains: in a list of several chains, every chain but the last whose completion
+/// would only free it (its last WR a SEND: a response, or a host's command) goes without a
+/// signaled WR; the list's later completion says it is done (RC completes a send queue in
+/// order, and a failed WR completes on its own whatever its flags). So a list of N responses
+/// costs one completion instead of N: one CQ entry, one reap, one send-queue retirement. READ
+/// chains keep theirs (their completion moves the command on). Returns the silent chains as
+/// bits of `batch`.
+fn silence(chains: &[Chain], batch: &[u32], ends: &[u8], wrs: &mut [SendWr<'_>]) -> u32 {
+    let mut silent = 0u32;
+    let last = batch.len().saturating_sub(1);
+    for (k, (&index, &end)) in batch.iter().zip(ends).enumerate().take(last) {
+        if chains[index as usize].last_kind() == WrKind::Send {
+            wrs[end as usize].flags.remove(SendFlags::SIGNALED);
+            silent |= 1 << k;
+        }
+    }
+    silent
+}
+
+impl<R: Default> PollGroup<R> {
+    /// The chains `silent` names reached the QP without a completion of their own: they wait,
+    /// in post order, for the next completion of a later chain on `qref`.
+    fn went_silent(&mut self, qref: QpRef, batch: &[u32], silent: u32) {
+        if silent == 0 {
+            return;
+        }
+        let Some(q) = live_mut(&mut self.qpairs, qref) else {
+            return;
+        };
+        for (k, &index) in batch.iter().enumerate() {
+            if silent >> k & 1 != 0 {
+                q.silent.push_back(&mut self.req_links, index);
+            }
+        }
+        self.stats.silent_chains += u64::from(silent.count_ones());
+    }
+
+    /// A completion for chain `index` (posted, live) on `qref`: every silent chain posted
+    /// before it is done, successfully (a failed WR would have completed on its own, before
+    /// this one). If `index` itself was silent, it reports on its own from now on (a flush or
+    /// an error completes each WR).
+    pub(crate) fn retire_silent_before<H: Handler<R>>(
+        &mut self,
+        h: &mut H,
+        qref: QpRef,
+        index: u32,
+    ) {
+        let seq = self.reqs[index as usize].post_seq;
+        loop {
+            let Some(q) = live_mut(&mut self.qpairs, qref) else {
+                return;
+            };
+            let Some(front) = q.silent.front() else {
+                return;
+            };
+            if front == index {
+                q.silent.unlink(&mut self.req_links, index);
+                return;
+            }
+            // Wrapping order: the front was posted after `index` (a later list).
+            if (self.reqs[front as usize].post_seq.wrapping_sub(seq) as i32) > 0 {
+                return;
+            }
+            q.silent.pop_front(&mut self.req_links);
+            let r = &self.reqs[front as usize];
+            if r.state != RequestState::Posted || r.aborted() {
+                continue;
+            }
+            let retired = self.chains[front as usize].retire_all();
+            self.retired_on(qref, retired);
+            self.stats.silent_retired += 1;
+            self.chain_over(h, front);
+        }
+    }
+
+    /// Every silent chain of `qref` leaves its FIFO (the drain marker retires them, or the
+    /// qpair is going).
+    pub(crate) fn forget_silent(&mut self, qref: QpRef) {
+        if let Some(q) = live_mut(&mut self.qpairs, qref) {
+            while q.silent.pop_front(&mut self.req_links).is_some() {}
+        }
+    }
+}
+
 #[cfg(all(test, feature = "soft"))]
 mod tests {
     use super::*;
@@ -540,12 +646,14 @@ mod tests {
     #[derive(Default)]
     struct Record {
         chains: Vec<ReqId>,
+        statuses: Vec<WcStatus>,
     }
 
     impl Handler<()> for Record {
         fn capsule(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
-        fn chain_done(&mut self, _: &mut PollGroup<()>, req: ReqId, _: WrKind, _: WcStatus) {
+        fn chain_done(&mut self, _: &mut PollGroup<()>, req: ReqId, _: WrKind, s: WcStatus) {
             self.chains.push(req);
+            self.statuses.push(s);
         }
         fn qpair_event(&mut self, _: &mut PollGroup<()>, _: u32, _: u64, _: QpairEvent) {}
         fn aborted(&mut self, _: &mut PollGroup<()>, _: ReqId) {}
@@ -630,6 +738,74 @@ mod tests {
         assert_eq!(pg.stats().kind_mismatches, 1);
         pg.dispatch(&mut h, &send_wc(new, new.generation, qpn));
         assert_eq!(h.chains, vec![old, new]);
+    }
+
+    /// A group whose qpair holds `n` posted one-SEND chains, in post order.
+    fn posted_requests(name: &str, n: usize) -> (PollGroup<()>, u32, Vec<ReqId>) {
+        let (ctx, cfg) = tiny(name);
+        let cfg = PollGroupConfig {
+            max_requests: n as u32,
+            ..cfg
+        };
+        let mut pg = PollGroup::<()>::new(&ctx, cfg).unwrap();
+        let qp = pg.create_qp().unwrap();
+        let qpn = pg.add_qp(qp, 4, 4, 0).unwrap();
+        let reqs = (0..n).map(|_| posted_request(&mut pg, qpn)).collect();
+        (pg, qpn, reqs)
+    }
+
+    /// Silent chains of a list are done when a later chain's completion comes, in post order
+    /// and before it; a silent chain of a later list waits for a completion posted after it.
+    #[test]
+    fn silent_chains_end_at_a_later_chains_completion_in_post_order() {
+        let (mut pg, qpn, r) = posted_requests("silent", 4);
+        let qref = pg.lookup(qpn).unwrap();
+        let mut h = Record::default();
+        // List one: r0 r1 silent, r2 signaled; list two: r3 silent (its signaled tail to come).
+        pg.went_silent(qref, &[r[0].index, r[1].index, r[2].index], 0b011);
+        pg.went_silent(qref, &[r[3].index], 0b1);
+        pg.dispatch(&mut h, &send_wc(r[2], r[2].generation, qpn));
+        assert_eq!(h.chains, vec![r[0], r[1], r[2]]);
+        assert_eq!(h.statuses, vec![WcStatus::Success; 3]);
+        assert_eq!(pg.stats().silent_retired, 2);
+        assert_eq!(pg.request(r[3]).unwrap().state(), RequestState::Posted);
+        assert_eq!(
+            pg.qpair_send_usage(qpn).unwrap().0,
+            1,
+            "r3's slot still used"
+        );
+        // r3 fails on its own (a flush completes every WR): it reports itself and leaves the
+        // silent FIFO.
+        let mut flushed = send_wc(r[3], r[3].generation, qpn);
+        flushed.status = WcStatus::WrFlushErr;
+        pg.dispatch(&mut h, &flushed);
+        assert_eq!(h.chains, vec![r[0], r[1], r[2], r[3]]);
+        assert_eq!(h.statuses[3], WcStatus::WrFlushErr);
+        assert!(pg.qpairs[qref.index as usize].silent.is_empty());
+        assert_eq!(pg.stats().silent_retired, 2);
+        assert_eq!(pg.qpair_send_usage(qpn).unwrap().0, 0);
+    }
+
+    /// A silent chain's own error: the silent ones before it succeeded (an error would have
+    /// completed first), it reports its error, and the list's last chain reports its flush.
+    #[test]
+    fn a_failed_silent_chain_ends_with_its_error_and_the_ones_before_succeed() {
+        let (mut pg, qpn, r) = posted_requests("silent-err", 3);
+        let qref = pg.lookup(qpn).unwrap();
+        let mut h = Record::default();
+        pg.went_silent(qref, &[r[0].index, r[1].index, r[2].index], 0b011);
+        let mut failed = send_wc(r[1], r[1].generation, qpn);
+        failed.status = WcStatus::RemAccessErr;
+        pg.dispatch(&mut h, &failed);
+        assert_eq!(h.chains, vec![r[0], r[1]]);
+        assert_eq!(h.statuses, vec![WcStatus::Success, WcStatus::RemAccessErr]);
+        assert!(pg.qpairs[qref.index as usize].silent.is_empty());
+        let mut flushed = send_wc(r[2], r[2].generation, qpn);
+        flushed.status = WcStatus::WrFlushErr;
+        pg.dispatch(&mut h, &flushed);
+        assert_eq!(h.chains, vec![r[0], r[1], r[2]]);
+        assert_eq!(h.statuses[2], WcStatus::WrFlushErr);
+        assert_eq!(pg.stats().silent_retired, 1);
     }
 
     /// A host initiator: matches every response to the one command in flight.

@@ -86,6 +86,12 @@ pub(crate) struct QpairState {
     pub reads_high_water: u32,
     /// Requests whose chain waits to be posted, in order.
     pub to_post: Fifo,
+    /// Posted chains that asked for no completion of their own (`poll.rs`, "Silent chains"),
+    /// in post order: the next completion on this qpair for a chain posted after them says
+    /// they are done.
+    pub silent: Fifo,
+    /// Post number of the next chain posted on this qpair (wrapping; `Request::post_seq`).
+    pub next_post_seq: u32,
     /// Capsules (Held slots) waiting for a request object, in order.
     pub waiting_capsules: Fifo,
     pub in_waiting_list: bool,
@@ -123,6 +129,8 @@ impl QpairState {
             reads_in_flight: 0,
             reads_high_water: 0,
             to_post: Fifo::default(),
+            silent: Fifo::default(),
+            next_post_seq: 0,
             waiting_capsules: Fifo::default(),
             in_waiting_list: false,
             dirty: false,

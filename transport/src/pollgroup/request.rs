@@ -73,6 +73,8 @@ pub struct Request<R> {
     depth_released: bool,
     /// The chain in storage answers the command.
     answers: bool,
+    /// When its chain went to the send queue, in its qpair's post order (wrapping).
+    pub(crate) post_seq: u32,
     /// Host side: born by `submit`; over when its SEND and its response are both in.
     pub(crate) host: Option<HostProgress>,
     pub user: R,
@@ -611,6 +613,7 @@ impl<R> PollGroup<R> {
             finishing: false,
             depth_released: false,
             answers: false,
+            post_seq: 0,
             host: None,
             user: R::default(),
         });
@@ -629,10 +632,13 @@ impl<R> PollGroup<R> {
         let release = r.mark_posted();
         let qref = r.qpair;
         self.chains[index as usize].all_posted();
-        if release {
-            if let Some(q) = self.qpair_at_mut(qref) {
+        if let Some(q) = self.qpair_at_mut(qref) {
+            let seq = q.next_post_seq;
+            q.next_post_seq = seq.wrapping_add(1);
+            if release {
                 q.outstanding = q.outstanding.saturating_sub(1);
             }
+            self.reqs[index as usize].post_seq = seq;
         }
     }
 
@@ -672,6 +678,11 @@ impl<R> PollGroup<R> {
             .filter(|(_, r)| r.qpair == qref && !r.aborted)
             .map(|(i, _)| i as u32)
             .collect();
+        if let Some(q) = live_mut(&mut self.qpairs, qref) {
+            // The qpair's FIFOs go with it: their links are free for the requests' next lives.
+            while q.to_post.pop_front(&mut self.req_links).is_some() {}
+            while q.silent.pop_front(&mut self.req_links).is_some() {}
+        }
         for index in ids {
             let r = &mut self.reqs[index as usize];
             r.aborted = true;

@@ -49,6 +49,10 @@ pub struct PollGroupStats {
     /// Send-side post calls, and WRs posted by them.
     pub send_post_calls: u64,
     pub send_wrs_posted: u64,
+    /// Chains posted without a completion of their own (a later chain of the same list asked
+    /// for one), and such chains retired by a later completion on their qpair.
+    pub silent_chains: u64,
+    pub silent_retired: u64,
     /// Receive slots re-posted to the SRQ, and post calls (lists) used for them.
     pub recvs_posted: u64,
     pub recv_post_calls: u64,

@@ -95,6 +95,71 @@ pub fn partially_posted_chain(flavor: Flavor) {
     }
 }
 
+/// Commands that arrive together are answered as one list: every answer but the last goes
+/// without a completion of its own (a silent chain), and the last one's completion retires
+/// them all. Where the device delivers the capsules before the group's poll (in-process) the
+/// list is exact: 8 answers, 7 silent, one SEND completion.
+pub fn answers_of_one_list_share_one_completion(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let mut rig = ScriptRig::new(fx, 1, cfg(1), shape());
+    let qpn = rig.pg_qpn[0];
+    for seq in 0..8 {
+        assert!(rig.cmd(0, Cmd::new(seq, OP_WRITE, 1), true));
+    }
+    rig.run_until("every answer and its chain's end", |r| {
+        r.answers[0].len() == 8 && r.pg.requests_in_use() == 0
+    });
+    assert_eq!(rig.answers[0], (0..8).collect::<Vec<u32>>());
+    let s = rig.pg.stats();
+    assert_eq!(rig.h.chains_ok, 8, "{s:?}");
+    assert_eq!(
+        s.silent_retired, s.silent_chains,
+        "a silent chain left: {s:?}"
+    );
+    // Receives (8) plus one send-side completion per chain that asked for one.
+    assert_eq!(s.completions, 8 + 8 - s.silent_chains, "{s:?}");
+    if flavor == Flavor::SoftInProcess {
+        assert_eq!(s.silent_chains, 7, "one list of 8: {s:?}");
+    }
+    let (used, _, _, _) = rig.pg.qpair_send_usage(qpn).unwrap();
+    assert_eq!(used, 0, "send-queue room given back");
+    rig.assert_nothing_leaked();
+}
+
+/// A list of three answers (WRITE + SEND each) whose middle WRITE has a bad rkey: the first
+/// answer went silently and is done (the failure's own completion says so), the second fails
+/// with its error, the third is flushed; each chain ends once and the drain ends by itself.
+pub fn a_failing_silent_chain_reports_itself(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let mut rig = ScriptRig::new(
+        fx,
+        1,
+        cfg(1),
+        QpairShape {
+            rnr_retry: 0,
+            ..shape()
+        },
+    );
+    let qpn = rig.pg_qpn[0];
+    assert!(rig.cmd(0, Cmd::new(0, OP_WRITE, 1), true));
+    let bad = Cmd {
+        bad_at: 0,
+        ..Cmd::new(1, OP_WRITE, 1)
+    };
+    assert!(rig.cmd(0, bad, true));
+    assert!(rig.cmd(0, Cmd::new(2, OP_WRITE, 1), true));
+    rig.run_until("the qpair to drain and go", |r| r.gone(qpn));
+    drained_by_itself(&rig);
+    assert_eq!((rig.h.chains_ok, rig.h.chains_failed), (1, 2));
+    assert_eq!(rig.answers[0], vec![0], "only the first answer went");
+    let s = rig.pg.stats();
+    if flavor == Flavor::SoftInProcess {
+        // One list: the first two went silent; the first was retired by the second's error.
+        assert_eq!((s.silent_chains, s.silent_retired), (2, 1), "{s:?}");
+    }
+    rig.assert_nothing_leaked();
+}
+
 /// A send queue of 6 (5 for chains): 8 commands answered by WRITE x2 + SEND (3 WRs) cannot all
 /// be on it at once. They wait and go in FIFO order; nothing fails.
 pub fn full_send_queue_waits_in_order(flavor: Flavor) {

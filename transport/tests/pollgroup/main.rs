@@ -291,6 +291,16 @@ macro_rules! pollgroup_suite {
             }
             #[test]
             $(#[$attr])*
+            fn answers_of_one_list_share_one_completion() {
+                crate::chains::answers_of_one_list_share_one_completion(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn a_failing_silent_chain_reports_itself() {
+                crate::chains::a_failing_silent_chain_reports_itself(F)
+            }
+            #[test]
+            $(#[$attr])*
             fn partially_posted_chain_drains_by_itself() {
                 crate::chains::partially_posted_chain(F)
             }
