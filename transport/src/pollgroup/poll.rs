@@ -8,13 +8,14 @@
 //!   disconnected), then a request object and up to the handler, or, with none free, the
 //!   capsule waits in its qpair's FIFO.
 //! - SEND / READ / WRITE: the request by slab index, checked by generation and state (a stale
-//!   completion is counted and dropped), its chain's accounting, and its qpair by the slab
-//!   index the request holds (no lookup); an error starts draining the qpair.
+//!   completion is counted and dropped), the silent chains posted before it on its qpair (done:
+//!   see `silence`), its chain's accounting, and its qpair by the slab index the request holds
+//!   (no lookup); an error starts draining the qpair.
 //! - DRAIN MARKER: the qpair's send queue has flushed; every WR posted before it is done.
 //!
 //! At the end of the poll: capsules waiting for request objects, requests waiting for
 //! buffers, then chains are posted per qpair as lists while they fit (send-queue slots and
-//! RDMA READ depth), receive slots are re-posted to the SRQ as lists, and draining qpairs are
+//! RDMA READ depth; one completion per list where its chains allow), receive slots are re-posted to the SRQ as lists, and draining qpairs are
 //! checked.
 
 use arrayvec::ArrayVec;
