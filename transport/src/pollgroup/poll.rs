@@ -705,6 +705,14 @@ mod tests {
         req
     }
 
+    /// `req`'s SEND completion with an error `status`.
+    fn failed_send_wc(req: ReqId, qpn: u32, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            status,
+            ..send_wc(req, req.generation, qpn)
+        }
+    }
+
     fn send_wc(req: ReqId, generation: u32, qpn: u32) -> WorkCompletion {
         WorkCompletion {
             wr_id: wrid::encode(WrKind::Send, 0, generation, req.index),
@@ -755,6 +763,13 @@ mod tests {
         (pg, qpn, reqs)
     }
 
+    /// `reqs` went as one list: every one but the last silent.
+    fn as_one_list(pg: &mut PollGroup<()>, qpn: u32, reqs: &[ReqId]) {
+        let qref = pg.lookup(qpn).unwrap();
+        let batch: Vec<u32> = reqs.iter().map(|r| r.index).collect();
+        pg.went_silent(qref, &batch, (1 << (reqs.len() - 1)) - 1);
+    }
+
     /// Silent chains of a list are done when a later chain's completion comes, in post order
     /// and before it; a silent chain of a later list waits for a completion posted after it.
     #[test]
@@ -763,7 +778,7 @@ mod tests {
         let qref = pg.lookup(qpn).unwrap();
         let mut h = Record::default();
         // List one: r0 r1 silent, r2 signaled; list two: r3 silent (its signaled tail to come).
-        pg.went_silent(qref, &[r[0].index, r[1].index, r[2].index], 0b011);
+        as_one_list(&mut pg, qpn, &r[..3]);
         pg.went_silent(qref, &[r[3].index], 0b1);
         pg.dispatch(&mut h, &send_wc(r[2], r[2].generation, qpn));
         assert_eq!(h.chains, vec![r[0], r[1], r[2]]);
@@ -777,9 +792,7 @@ mod tests {
         );
         // r3 fails on its own (a flush completes every WR): it reports itself and leaves the
         // silent FIFO.
-        let mut flushed = send_wc(r[3], r[3].generation, qpn);
-        flushed.status = WcStatus::WrFlushErr;
-        pg.dispatch(&mut h, &flushed);
+        pg.dispatch(&mut h, &failed_send_wc(r[3], qpn, WcStatus::WrFlushErr));
         assert_eq!(h.chains, vec![r[0], r[1], r[2], r[3]]);
         assert_eq!(h.statuses[3], WcStatus::WrFlushErr);
         assert!(pg.qpairs[qref.index as usize].silent.is_empty());
@@ -792,18 +805,14 @@ mod tests {
     #[test]
     fn a_failed_silent_chain_ends_with_its_error_and_the_ones_before_succeed() {
         let (mut pg, qpn, r) = posted_requests("silent-err", 3);
-        let qref = pg.lookup(qpn).unwrap();
+        as_one_list(&mut pg, qpn, &r);
         let mut h = Record::default();
-        pg.went_silent(qref, &[r[0].index, r[1].index, r[2].index], 0b011);
-        let mut failed = send_wc(r[1], r[1].generation, qpn);
-        failed.status = WcStatus::RemAccessErr;
-        pg.dispatch(&mut h, &failed);
+        pg.dispatch(&mut h, &failed_send_wc(r[1], qpn, WcStatus::RemAccessErr));
         assert_eq!(h.chains, vec![r[0], r[1]]);
         assert_eq!(h.statuses, vec![WcStatus::Success, WcStatus::RemAccessErr]);
+        let qref = pg.lookup(qpn).unwrap();
         assert!(pg.qpairs[qref.index as usize].silent.is_empty());
-        let mut flushed = send_wc(r[2], r[2].generation, qpn);
-        flushed.status = WcStatus::WrFlushErr;
-        pg.dispatch(&mut h, &flushed);
+        pg.dispatch(&mut h, &failed_send_wc(r[2], qpn, WcStatus::WrFlushErr));
         assert_eq!(h.chains, vec![r[0], r[1], r[2]]);
         assert_eq!(h.statuses[2], WcStatus::WrFlushErr);
         assert_eq!(pg.stats().silent_retired, 1);

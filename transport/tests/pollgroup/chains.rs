@@ -28,6 +28,19 @@ fn shape() -> QpairShape {
     }
 }
 
+/// One qpair whose host allows no RNR retry: a SEND that finds no receive fails at once.
+fn rig_without_rnr_retry(fx: Fx) -> ScriptRig {
+    ScriptRig::new(
+        fx,
+        1,
+        cfg(1),
+        QpairShape {
+            rnr_retry: 0,
+            ..shape()
+        },
+    )
+}
+
 fn drained_by_itself(rig: &ScriptRig) {
     let s = rig.pg.stats();
     assert_eq!(s.drained_timeout, 0, "a drain needed its timeout: {s:?}");
@@ -39,15 +52,7 @@ fn drained_by_itself(rig: &ScriptRig) {
 /// itself.
 pub fn write_ok_then_send_fails(flavor: Flavor) {
     let Some(fx) = Fx::open(flavor) else { return };
-    let mut rig = ScriptRig::new(
-        fx,
-        1,
-        cfg(1),
-        QpairShape {
-            rnr_retry: 0,
-            ..shape()
-        },
-    );
+    let mut rig = rig_without_rnr_retry(fx);
     let qpn = rig.pg_qpn[0];
     assert!(rig.cmd(0, Cmd::new(1, OP_WRITE, 2), false));
     rig.run_until("the qpair to drain and go", |r| r.gone(qpn));
@@ -131,15 +136,7 @@ pub fn answers_of_one_list_share_one_completion(flavor: Flavor) {
 /// with its error, the third is flushed; each chain ends once and the drain ends by itself.
 pub fn a_failing_silent_chain_reports_itself(flavor: Flavor) {
     let Some(fx) = Fx::open(flavor) else { return };
-    let mut rig = ScriptRig::new(
-        fx,
-        1,
-        cfg(1),
-        QpairShape {
-            rnr_retry: 0,
-            ..shape()
-        },
-    );
+    let mut rig = rig_without_rnr_retry(fx);
     let qpn = rig.pg_qpn[0];
     assert!(rig.cmd(0, Cmd::new(0, OP_WRITE, 1), true));
     let bad = Cmd {
