@@ -549,21 +549,29 @@ impl<R: Default> PollGroup<R> {
     }
 }
 
-/// Silent chains: in a list of several chains, every chain but the last whose completion
-/// would only free it (its last WR a SEND: a response, or a host's command) goes without a
-/// signaled WR; the list's later completion says it is done (RC completes a send queue in
-/// order, and a failed WR completes on its own whatever its flags). So a list of N responses
-/// costs one completion instead of N: one CQ entry, one reap, one send-queue retirement. READ
-/// chains keep theirs (their completion moves the command on). Returns the silent chains as
-/// bits of `batch`.
+/// Silent chains: in a list of several chains, the chains whose completion would only free
+/// them (their last WR a SEND: a response, or a host's command) go without a signaled WR when
+/// a later one of the same kind ends the list; the list's later completion says they are done
+/// (RC completes a send queue in order, and a failed WR completes on its own whatever its
+/// flags). So a list of N responses costs one completion instead of N: one CQ entry, one reap,
+/// one send-queue retirement. Only the run of such chains that ends the list goes silent: a
+/// READ chain keeps its completion (it moves its command on), and an answer posted before a
+/// READ is not held behind the READ's round trip. Returns the silent chains as bits of `batch`.
 fn silence(chains: &[Chain], batch: &[u32], ends: &[u8], wrs: &mut [SendWr<'_>]) -> u32 {
+    let answers = |index: u32| chains[index as usize].last_kind() == WrKind::Send;
     let mut silent = 0u32;
-    let last = batch.len().saturating_sub(1);
-    for (k, (&index, &end)) in batch.iter().zip(ends).enumerate().take(last) {
-        if chains[index as usize].last_kind() == WrKind::Send {
-            wrs[end as usize].flags.remove(SendFlags::SIGNALED);
-            silent |= 1 << k;
+    let Some((&tail, before)) = batch.split_last() else {
+        return 0;
+    };
+    if !answers(tail) {
+        return 0;
+    }
+    for (k, (&index, &end)) in before.iter().zip(ends).enumerate().rev() {
+        if !answers(index) {
+            break;
         }
+        wrs[end as usize].flags.remove(SendFlags::SIGNALED);
+        silent |= 1 << k;
     }
     silent
 }
@@ -761,6 +769,49 @@ mod tests {
         let qpn = pg.add_qp(qp, 4, 4, 0).unwrap();
         let reqs = (0..n).map(|_| posted_request(&mut pg, qpn)).collect();
         (pg, qpn, reqs)
+    }
+
+    /// Only the run of answers that ends a list goes silent, its last one signaled.
+    #[test]
+    fn only_the_answers_that_end_a_list_go_silent() {
+        let mut chains: Vec<Chain> = (0..5).map(|_| Chain::new()).collect();
+        let one = |op: SendOp| ChainWr {
+            op,
+            sges: &[],
+            inline: false,
+        };
+        let read = SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: 1,
+        };
+        let silent_of = |chains: &mut [Chain], ops: &[SendOp]| {
+            for (c, op) in chains.iter_mut().zip(ops) {
+                c.set(&[one(*op)], 0).unwrap();
+            }
+            let batch: Vec<u32> = (0..ops.len() as u32).collect();
+            let mut wrs = ArrayVec::<SendWr, POST_WRS>::new();
+            for (i, c) in chains.iter().take(ops.len()).enumerate() {
+                c.work_requests(1, i as u32, &mut wrs);
+            }
+            let ends: Vec<u8> = (0..ops.len() as u8).collect();
+            let mask = silence(&chains[..], &batch, &ends, &mut wrs);
+            let signaled: Vec<bool> = wrs
+                .iter()
+                .map(|w| w.flags.contains(SendFlags::SIGNALED))
+                .collect();
+            (mask, signaled)
+        };
+        let send = SendOp::Send;
+        assert_eq!(
+            silent_of(&mut chains, &[send, read, send, send, send]),
+            (0b01100, vec![true, true, false, false, true])
+        );
+        assert_eq!(
+            silent_of(&mut chains, &[send, send, read]),
+            (0, vec![true; 3]),
+            "a READ ends the list"
+        );
+        assert_eq!(silent_of(&mut chains, &[send]), (0, vec![true]));
     }
 
     /// `reqs` went as one list: every one but the last silent.
