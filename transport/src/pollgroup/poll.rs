@@ -598,12 +598,7 @@ impl<R: Default> PollGroup<R> {
     /// before it is done, successfully (a failed WR would have completed on its own, before
     /// this one). If `index` itself was silent, it reports on its own from now on (a flush or
     /// an error completes each WR).
-    pub(crate) fn retire_silent_before<H: Handler<R>>(
-        &mut self,
-        h: &mut H,
-        qref: QpRef,
-        index: u32,
-    ) {
+    fn retire_silent_before<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef, index: u32) {
         let seq = self.reqs[index as usize].post_seq;
         loop {
             let Some(q) = live_mut(&mut self.qpairs, qref) else {
@@ -634,7 +629,7 @@ impl<R: Default> PollGroup<R> {
 
     /// Every silent chain of `qref` leaves its FIFO (the drain marker retires them, or the
     /// qpair is going).
-    pub(crate) fn forget_silent(&mut self, qref: QpRef) {
+    fn forget_silent(&mut self, qref: QpRef) {
         if let Some(q) = live_mut(&mut self.qpairs, qref) {
             while q.silent.pop_front(&mut self.req_links).is_some() {}
         }
