@@ -80,6 +80,11 @@ impl Fifo {
         Some(i)
     }
 
+    /// Empties the list, every element's link freed (the list's owner is going).
+    pub(crate) fn clear(&mut self, links: &mut [Link]) {
+        while self.pop_front(links).is_some() {}
+    }
+
     /// Removes `i`, which must be in this list.
     pub(crate) fn unlink(&mut self, links: &mut [Link], i: u32) {
         let l = links[i as usize];
@@ -124,5 +129,10 @@ mod tests {
         f.push_back(&mut links, 7);
         f.unlink(&mut links, 7);
         assert!(f.is_empty() && f.front().is_none());
+        // Cleared: every link is free for another list.
+        f.push_back(&mut links, 2);
+        f.push_back(&mut links, 4);
+        f.clear(&mut links);
+        assert!(f.is_empty() && links.iter().all(|l| !l.linked));
     }
 }

@@ -32,6 +32,8 @@ use super::{MAX_BATCH, PollGroup, RecvRepost};
 /// Most WRs per send post call (at least one whole chain).
 const POST_WRS: usize = 32;
 const _: () = assert!(POST_WRS >= super::MAX_CHAIN_WRS);
+// A list's silent chains are bits of a u32 (at most one chain per WR).
+const _: () = assert!(POST_WRS <= u32::BITS as usize);
 
 impl<R: Default> PollGroup<R> {
     /// One pass: reap, dispatch, post. Returns the completions handled (0 = idle). A failing
@@ -347,7 +349,9 @@ impl<R: Default> PollGroup<R> {
         }
         // Every WR posted before the marker is done: unsignaled ones whose signaled tail
         // never reached the QP (a partly posted chain, silent chains) are retired here.
-        self.forget_silent(qref);
+        if let Some(q) = live_mut(&mut self.qpairs, qref) {
+            q.silent.clear(&mut self.req_links);
+        }
         let posted: Vec<u32> = self
             .reqs
             .iter()
@@ -453,8 +457,7 @@ impl<R: Default> PollGroup<R> {
                     if r.mark_posted() {
                         q.outstanding = q.outstanding.saturating_sub(1);
                     }
-                    r.post_seq = q.next_post_seq;
-                    q.next_post_seq = q.next_post_seq.wrapping_add(1);
+                    r.post_seq = q.next_post();
                     // Every chain holds at least one WR, so `batch` never overflows.
                     batch.push(index);
                     let generation = self.req_generation[index as usize];
@@ -624,14 +627,6 @@ impl<R: Default> PollGroup<R> {
             self.retired_on(qref, retired);
             self.stats.silent_retired += 1;
             self.chain_over(h, front);
-        }
-    }
-
-    /// Every silent chain of `qref` leaves its FIFO (the drain marker retires them, or the
-    /// qpair is going).
-    fn forget_silent(&mut self, qref: QpRef) {
-        if let Some(q) = live_mut(&mut self.qpairs, qref) {
-            while q.silent.pop_front(&mut self.req_links).is_some() {}
         }
     }
 }

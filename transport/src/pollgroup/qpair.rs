@@ -138,6 +138,13 @@ impl QpairState {
         }
     }
 
+    /// The post number of the chain going to the send queue now (`Request::post_seq`).
+    pub(crate) fn next_post(&mut self) -> u32 {
+        let seq = self.next_post_seq;
+        self.next_post_seq = seq.wrapping_add(1);
+        seq
+    }
+
     /// Whether a chain of `wrs` WRs with `reads` RDMA READs can go on the send queue now
     /// (`post_chain` refuses chains longer than the whole send queue). A
     /// chain with more READs than the read depth goes alone (no other READ in flight): the

@@ -633,8 +633,7 @@ impl<R> PollGroup<R> {
         let qref = r.qpair;
         self.chains[index as usize].all_posted();
         if let Some(q) = self.qpair_at_mut(qref) {
-            let seq = q.next_post_seq;
-            q.next_post_seq = seq.wrapping_add(1);
+            let seq = q.next_post();
             if release {
                 q.outstanding = q.outstanding.saturating_sub(1);
             }
@@ -680,8 +679,8 @@ impl<R> PollGroup<R> {
             .collect();
         if let Some(q) = live_mut(&mut self.qpairs, qref) {
             // The qpair's FIFOs go with it: their links are free for the requests' next lives.
-            while q.to_post.pop_front(&mut self.req_links).is_some() {}
-            while q.silent.pop_front(&mut self.req_links).is_some() {}
+            q.to_post.clear(&mut self.req_links);
+            q.silent.clear(&mut self.req_links);
         }
         for index in ids {
             let r = &mut self.reqs[index as usize];
