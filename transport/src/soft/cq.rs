@@ -26,7 +26,7 @@
 //! held list (locked, timestamped) instead; per-QP order is kept.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,10 @@ pub(crate) struct CqInner {
     progress: Mutex<Vec<Weak<QpShared>>>,
     progress_n: AtomicUsize,
     pub(crate) tcp: Option<TcpPoller>,
+    /// TCP: polls so far, so the device's ACK timer can tell a CQ nobody polls.
+    polls: AtomicU32,
+    /// The count the ACK timer saw at its last tick.
+    polls_seen: AtomicU32,
     faults: AtomicU8,
     /// Set once a fault was ever switched on: only then can the held list be non-empty.
     faults_used: AtomicBool,
@@ -208,6 +212,36 @@ impl CqInner {
         self.progress_n.fetch_add(1, Ordering::Release);
     }
 
+    /// TCP: send the ACKs that QPs progressed by this CQ hold for a frame to ride on (tcp.rs),
+    /// for a consumer that stops polling: on arming, and from the device's ACK timer.
+    fn send_held_acks(&self) {
+        if self.tcp.is_none() || self.progress_n.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        // A copy: the QP lock is not taken under the list's (`want_progress` runs under it).
+        let list = self
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for qp in list.iter().filter_map(Weak::upgrade) {
+            super::tcp::send_held_ack(&qp);
+        }
+    }
+
+    /// Armed for a completion event: the consumer waits instead of polling.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::Acquire) != ARM_NONE
+    }
+
+    /// The device's ACK timer: a CQ nobody polled since the last tick sends its held ACKs.
+    pub(crate) fn ack_timer_tick(&self) {
+        let polls = self.polls.load(Ordering::Relaxed);
+        if self.polls_seen.swap(polls, Ordering::Relaxed) == polls {
+            self.send_held_acks();
+        }
+    }
+
     fn run_progress(&self) {
         let mut list =
             std::mem::take(&mut *self.progress.lock().unwrap_or_else(|e| e.into_inner()));
@@ -236,6 +270,11 @@ impl CqInner {
             self.run_progress();
         }
         if let Some(t) = &self.tcp {
+            // Only the owner polls as a rule: a plain increment, no locked instruction.
+            self.polls.store(
+                self.polls.load(Ordering::Relaxed).wrapping_add(1),
+                Ordering::Relaxed,
+            );
             t.poll();
         }
         let faults = self.faults.load(Ordering::Acquire);
@@ -378,6 +417,8 @@ impl SoftCq {
             progress: Mutex::new(Vec::new()),
             progress_n: AtomicUsize::new(0),
             tcp,
+            polls: AtomicU32::new(0),
+            polls_seen: AtomicU32::new(0),
             faults: AtomicU8::new(0),
             faults_used: AtomicBool::new(false),
             held: Mutex::new(Held::default()),
@@ -422,6 +463,8 @@ impl CqOps for SoftCq {
         Ok(n)
     }
     fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        // The consumer is about to wait for an event instead of polling.
+        self.inner.send_held_acks();
         self.inner.armed.store(
             if solicited_only {
                 ARM_SOLICITED

@@ -258,6 +258,21 @@ impl DeviceInner {
         m.insert(cq.id, Arc::downgrade(cq));
     }
 
+    /// The TCP fabric's ACK timer (tcp.rs): the held ACKs of every CQ nobody polled since the
+    /// last tick go out.
+    pub(crate) fn ack_timer_tick(&self) {
+        let cqs: Vec<Arc<CqInner>> = self
+            .cqs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for cq in cqs {
+            cq.ack_timer_tick();
+        }
+    }
+
     pub(crate) fn cq(&self, id: u32) -> Option<Arc<CqInner>> {
         self.cqs
             .lock()

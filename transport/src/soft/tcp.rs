@@ -24,10 +24,16 @@
 //!   with a per-connection output buffer, flushed on writable readiness.
 //! - Syscalls are per batch, not per frame: a `post_send` list is written with one write at its
 //!   end, a progress run reads until a short read (edge-triggered epoll reports later data) and
-//!   writes once, a responder sends one cumulative ACK per batch of requests it read, in the
-//!   same run (never held for a later frame: a consumer may stop polling once it reaped what
-//!   it wanted, and the peer must still see its request acknowledged), runs without a
-//!   readiness event read nothing, and write-space events run nothing unless output waits.
+//!   writes once, a responder sends one cumulative ACK per batch of requests it read, runs
+//!   without a readiness event read nothing, and write-space events run nothing unless output
+//!   waits.
+//! - A pure ACK rides on the next frame out: the run that read the requests holds it (when
+//!   the QP's sends and receives complete on one CQ), so the response the application posts
+//!   after reaping carries it in the same write; with nothing posted it goes alone on the CQ's
+//!   next poll. A consumer may stop polling once it reaped what it wanted, and RC still owes
+//!   the peer its ACK (a NIC acknowledges on its own): arming the CQ for an event sends the
+//!   held ACKs at once, closing a connection sends its own, and the device's acceptor thread
+//!   is the ACK timer: each tick it sends those of a CQ nobody polled since the last tick.
 //! - Payloads of 1 KiB or more leave straight from their registered spans (one `sendmsg` over
 //!   the headers and the pinned spans), not gathered into the output buffer first.
 
@@ -171,7 +177,8 @@ fn raise_nofile() {
 /// How long an accepted connection may take to name its QP (HELLO), and to wait for that QP to
 /// reach RTR, before it is dropped.
 const HELLO_WAIT: Duration = Duration::from_secs(5);
-/// How often the acceptor looks at pending connections and whether its device still exists.
+/// How often the acceptor looks at pending connections and whether its device still exists,
+/// and the ACK timer's period (a held ACK of a CQ nobody polls waits one to two ticks).
 const ACCEPT_TICK: Duration = Duration::from_millis(10);
 
 /// An accepted connection whose HELLO is not complete or not yet accepted.
@@ -209,9 +216,14 @@ fn accept_loop(listener: TcpListener, dev: Weak<DeviceInner>) {
     {
         return;
     }
+    let mut ack_tick = Instant::now();
     loop {
         let _ = poll.poll(&mut events, Some(ACCEPT_TICK));
         let Some(dev) = dev.upgrade() else { return };
+        if ack_tick.elapsed() >= ACCEPT_TICK {
+            ack_tick = Instant::now();
+            dev.ack_timer_tick();
+        }
         loop {
             match listener.accept() {
                 Ok((stream, _)) => {
@@ -489,6 +501,9 @@ pub(crate) struct Conn {
     /// every request up to its sequence), so the requests of one read share one ACK; any other
     /// frame, and every flush, encodes it first, keeping the stream's order.
     ack: Option<u64>,
+    /// `ack` waits for a frame to ride on: set by the progress run that read the requests,
+    /// cleared when a frame or a flush takes the ACK. A run that finds it set sends it alone.
+    ack_held: bool,
     /// Payload spans interleaved with `out` (in order; empty after every flush).
     refs: Vec<OutRef>,
     inb: Vec<u8>,
@@ -523,6 +538,7 @@ impl Conn {
             out: Vec::new(),
             out_pos: 0,
             ack: None,
+            ack_held: false,
             refs: Vec::new(),
             inb: vec![0; INB_START],
             in_len: 0,
@@ -635,6 +651,7 @@ impl Conn {
     /// The output buffer, to encode a frame other than an ACK into: the pending ACK goes first.
     fn frame(&mut self) -> &mut Vec<u8> {
         if let Some(seq) = self.ack.take() {
+            self.ack_held = false;
             Hdr {
                 ty: T_ACK,
                 seq,
@@ -662,8 +679,12 @@ impl Conn {
     }
 }
 
-/// Close a QP's connection (reset, destroy, replacement).
-pub(crate) fn close(qp: &QpShared, c: Conn) {
+/// Close a QP's connection (reset, destroy, replacement). A held ACK leaves first: the
+/// requests it acknowledges were executed.
+pub(crate) fn close(qp: &QpShared, mut c: Conn) {
+    if c.ack.is_some() && !c.dead {
+        c.flush(&qp.dev().keys);
+    }
     if let Some(t) = &qp.send_cq().tcp {
         t.deregister(c.fd);
     }
@@ -1059,11 +1080,18 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
             fail_at(qp, slow, i, status);
         }
     }
-    // The ACK goes out now, even when only an ACK waits: holding it for the response the
-    // application may post next saved a write per I/O, but a consumer that stops polling
-    // after reaping (RC allows it: a NIC acknowledges on its own) left the peer's request
-    // unacknowledged for good.
-    conn.flush(&qp.dev().keys);
+    // Only an ACK to send: it waits for the response the application posts after reaping
+    // this run's completions (one write for both: at QD 1 a write of its own on each side of
+    // every I/O), or goes alone on the next run (the CQ's next poll: `want` below). With the
+    // sends on another CQ, or the CQ armed (its consumer waits for an event, not polling),
+    // the next run may be far off: then it goes now.
+    let only_ack = conn.ack.is_some() && conn.out_pos == conn.out.len() && conn.refs.is_empty();
+    let next_poll_near = Arc::ptr_eq(qp.send_cq(), qp.recv_cq()) && !qp.recv_cq().is_armed();
+    if only_ack && !conn.ack_held && next_poll_near {
+        conn.ack_held = true;
+    } else {
+        conn.flush(&qp.dev().keys);
+    }
     let dead = conn.dead;
     let want = conn.go_back.is_some() || conn.output_pending();
     slow.conn = Some(conn);
@@ -1072,6 +1100,22 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
         return false;
     }
     want
+}
+
+/// Send the ACK the QP holds for a frame to ride on, if any (the CQ is armed, or the device's
+/// ACK timer found the CQ unpolled).
+pub(crate) fn send_held_ack(qp: &Arc<QpShared>) {
+    let mut g = qp.lock();
+    let Some(conn) = g.conn.as_mut() else {
+        return;
+    };
+    if !conn.ack_held || conn.dead {
+        return;
+    }
+    conn.flush(&qp.dev().keys);
+    if conn.dead {
+        lost(qp, &mut g);
+    }
 }
 
 /// Handle every complete frame in the input buffer. False = protocol violation.

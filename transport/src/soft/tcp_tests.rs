@@ -85,15 +85,15 @@ fn writes(side: &Side) -> u64 {
     side.qp.sh.lock().conn.as_ref().map_or(0, |c| c.writes)
 }
 
-#[test]
-fn the_ack_leaves_with_the_run_that_read_the_request() {
-    let (mut a, mut b, _net) = connected_pair();
+/// `a` sends one signaled SEND (wr_id 10) to `b`; `b` alone polls until it is delivered. The
+/// count of `b`'s writes before the SEND.
+fn deliver_one(a: &mut Side, b: &mut Side) -> u64 {
     b.qp.post_recv(&[RecvWr {
         wr_id: 10,
         sges: &[b.mr.sge(80, 8)],
     }])
     .unwrap();
-    let before = writes(&b);
+    let before = writes(b);
     a.qp.post_send(&[send_wr(
         10,
         SendOp::Send,
@@ -101,8 +101,6 @@ fn the_ack_leaves_with_the_run_that_read_the_request() {
         SendFlags::SIGNALED,
     )])
     .unwrap();
-    // b polls until the request is delivered, then never again (a consumer may stop once it
-    // has what it wanted): a's SEND must still complete, so the ACK left with that run.
     let mut wc = [WorkCompletion::default(); 4];
     let deadline = Instant::now() + Duration::from_secs(20);
     while b.cq.poll(&mut wc).unwrap() == 0 {
@@ -110,12 +108,16 @@ fn the_ack_leaves_with_the_run_that_read_the_request() {
         std::thread::yield_now();
     }
     assert_eq!((wc[0].wr_id, wc[0].status), (10, WcStatus::Success));
-    assert!(writes(&b) > before, "no write carried the ACK");
+    before
+}
+
+/// Polls `a` alone until its SEND 10 completes.
+fn acknowledged(a: &Side) -> WorkCompletion {
+    let mut wc = [WorkCompletion::default(); 4];
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if a.cq.poll(&mut wc).unwrap() > 0 {
-            assert_eq!((wc[0].wr_id, wc[0].status), (10, WcStatus::Success));
-            break;
+            return wc[0];
         }
         assert!(
             Instant::now() < deadline,
@@ -123,6 +125,96 @@ fn the_ack_leaves_with_the_run_that_read_the_request() {
         );
         std::thread::yield_now();
     }
+}
+
+#[test]
+fn ack_rides_on_the_next_frame_out() {
+    let (mut a, mut b, net) = connected_pair();
+    a.qp.post_recv(&[RecvWr {
+        wr_id: 11,
+        sges: &[a.mr.sge(88, 8)],
+    }])
+    .unwrap();
+    let before = deliver_one(&mut a, &mut b);
+    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    // The response carries it: one write for both.
+    b.qp.post_send(&[send_wr(
+        11,
+        SendOp::Send,
+        &[b.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    assert_eq!(writes(&b), before + 1);
+    let sent = net.wait(&a.cq, 2);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+    assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 11);
+}
+
+#[test]
+fn a_pure_ack_goes_alone_on_the_next_poll() {
+    let (mut a, mut b, _net) = connected_pair();
+    let before = deliver_one(&mut a, &mut b);
+    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    // Nothing is posted back: b's next poll sends it.
+    let mut wc = [WorkCompletion::default(); 4];
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
+    assert_eq!(
+        writes(&b),
+        before + 1,
+        "the next poll did not send the held ACK"
+    );
+    let done = acknowledged(&a);
+    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+}
+
+#[test]
+fn a_consumer_that_stops_polling_still_acknowledges() {
+    let (mut a, mut b, _net) = connected_pair();
+    // b polls until the request is delivered, then never again (a consumer may stop once it
+    // has what it wanted): the device's ACK timer sends what b held.
+    deliver_one(&mut a, &mut b);
+    let done = acknowledged(&a);
+    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+}
+
+#[test]
+fn arming_the_cq_sends_the_held_ack() {
+    let (mut a, mut b, _net) = connected_pair();
+    let before = deliver_one(&mut a, &mut b);
+    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    // b will wait for an event instead of polling.
+    b.cq.req_notify(false).unwrap();
+    assert_eq!(writes(&b), before + 1, "arming did not send the held ACK");
+    let done = acknowledged(&a);
+    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+}
+
+#[test]
+fn an_armed_cq_holds_no_ack() {
+    let (mut a, mut b, _net) = connected_pair();
+    // Armed for solicited events only: the unsolicited SEND leaves it armed, and b's consumer
+    // waits for an event, not polling: the ACK goes with the run that read the request.
+    b.cq.req_notify(true).unwrap();
+    let before = deliver_one(&mut a, &mut b);
+    assert_eq!(writes(&b), before + 1, "the ACK was held on an armed CQ");
+    let done = acknowledged(&a);
+    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+}
+
+#[test]
+fn closing_a_connection_sends_its_held_ack() {
+    let (mut a, mut b, _net) = connected_pair();
+    let before = deliver_one(&mut a, &mut b);
+    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    // The request was executed: its ACK leaves before the connection closes, so a's SEND
+    // succeeds instead of failing with the lost connection.
+    b.qp.modify_to_reset().unwrap();
+    let done = acknowledged(&a);
+    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
 }
 
 /// Length of `side`'s connection's input buffer.
