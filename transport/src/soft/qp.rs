@@ -14,8 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use arrayvec::ArrayVec;
-
 use super::cq::{CqInner, Cqe};
 use super::device::{self, DeviceInner, SoftPd};
 use super::inproc::{self, Data, ListScope, Outcome, WrView};
@@ -106,7 +104,11 @@ pub(crate) struct SqEntry {
     pub(crate) signaled: bool,
     pub(crate) solicited: bool,
     n: u8,
-    sges: [Sge; SOFT_MAX_SGE],
+    /// Boxed: an entry moves several times on its way (out of the pool, into and out of the
+    /// send queue, back), and the device's full SGE count inline made each move a few
+    /// hundred bytes (with the TCP fabric's SGE lists moved by value as well, memmove was a
+    /// tenth of the TCP target's time at depth). Pooled entries keep their box.
+    sges: Box<[Sge; SOFT_MAX_SGE]>,
     is_inline: bool,
     pub(crate) inline: Vec<u8>,
     /// TCP: transmitted since the last go-back.
@@ -125,7 +127,7 @@ impl SqEntry {
             signaled: false,
             solicited: false,
             n: 0,
-            sges: [Sge::default(); SOFT_MAX_SGE],
+            sges: Box::new([Sge::default(); SOFT_MAX_SGE]),
             is_inline: false,
             inline: Vec::new(),
             sent: false,
@@ -196,18 +198,6 @@ impl Slow {
 
     pub(crate) fn recycle(&mut self, e: SqEntry) {
         self.pool.push(e);
-    }
-}
-
-/// A receive taken off a receive queue (see `QpShared::pop_recv`).
-pub(crate) struct PoppedRecv {
-    pub(crate) wr_id: u64,
-    sges: ArrayVec<Sge, SOFT_MAX_SGE>,
-}
-
-impl PoppedRecv {
-    pub(crate) fn sges(&self) -> &[Sge] {
-        &self.sges
     }
 }
 
@@ -378,15 +368,6 @@ impl QpShared {
 
     pub(crate) fn is_live(&self) -> bool {
         !self.destroyed.load(Ordering::Acquire) && !self.link_down.load(Ordering::Acquire)
-    }
-
-    /// Take a receive for an incoming message, owned (the TCP fabric's responder). The
-    /// in-process fast path uses [`pop_recv_with`](Self::pop_recv_with), which moves less.
-    pub(crate) fn pop_recv(&self) -> Option<PoppedRecv> {
-        self.pop_recv_with(|wr_id, sges| PoppedRecv {
-            wr_id,
-            sges: sges.iter().copied().collect(),
-        })
     }
 
     /// Take a receive for an incoming message (any thread) and hand its `wr_id` and SGEs to

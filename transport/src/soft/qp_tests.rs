@@ -27,6 +27,7 @@ both_fabrics!(
     depth_limits,
     unsignaled,
     recv_too_small,
+    recv_with_a_bad_lkey,
     thousand_qps_one_cq,
 );
 
@@ -876,6 +877,33 @@ fn recv_too_small(f: SoftFabric) {
     assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemInvReqErr);
     let r = net.wait(&b.cq, 1);
     assert_eq!((r[0].wr_id, r[0].status), (1, WcStatus::LocLenErr));
+    assert_eq!(b.qp.state(), QpState::Err);
+}
+
+fn recv_with_a_bad_lkey(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let bad = Sge {
+        addr: b.mr.addr(),
+        length: 64,
+        lkey: b.mr.lkey() + 0x100,
+    };
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 3,
+        sges: &[bad],
+    }])
+    .unwrap();
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::Send,
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    // The receive names its own error; the sender learns the responder failed.
+    let r = net.wait(&b.cq, 1);
+    assert_eq!((r[0].wr_id, r[0].status), (3, WcStatus::LocProtErr));
+    assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemOpErr);
     assert_eq!(b.qp.state(), QpState::Err);
 }
 

@@ -914,8 +914,15 @@ fn encode_request(
         } => (h.ty, h.addr, h.key, h.imm) = (T_WRITE_IMM, remote_addr, rkey, imm),
         SendOp::RdmaRead { remote_addr, rkey } => {
             // Validate the local sink now; it is checked again when the data comes back.
-            let list = mem::resolve_local(&qp.dev().keys, qp.pd(), e.sges(), Access::LOCAL_WRITE)
-                .map_err(|_| WcStatus::LocProtErr)?;
+            let mut list = mem::SgList::new();
+            mem::resolve_local_into(
+                &mut list,
+                &qp.dev().keys,
+                qp.pd(),
+                e.sges(),
+                Access::LOCAL_WRITE,
+            )
+            .map_err(|_| WcStatus::LocProtErr)?;
             if list.total() > MAX_PAYLOAD as u64 {
                 return Err(WcStatus::LocLenErr);
             }
@@ -941,7 +948,9 @@ fn encode_request(
                 conn.out.extend_from_slice(b);
             }
             super::inproc::Data::Sges(sges) => {
-                let list = mem::resolve_local(&qp.dev().keys, qp.pd(), sges, Access::empty())
+                // Built in place: a list is a few hundred bytes, and a move copies them all.
+                let mut list = mem::SgList::new();
+                mem::resolve_local_into(&mut list, &qp.dev().keys, qp.pd(), sges, Access::empty())
                     .map_err(|_| WcStatus::LocProtErr)?;
                 let n = list.total() as usize;
                 if n > MAX_PAYLOAD {
@@ -1179,8 +1188,10 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
             if e.wire_seq != h.seq || !matches!(e.op, SendOp::RdmaRead { .. }) {
                 return true;
             }
-            match mem::resolve_local(&qp.dev().keys, qp.pd(), e.sges(), Access::LOCAL_WRITE) {
-                Ok(list) if list.total() >= payload.len() as u64 => {
+            let mut list = mem::SgList::new();
+            let keys = &qp.dev().keys;
+            match mem::resolve_local_into(&mut list, keys, qp.pd(), e.sges(), Access::LOCAL_WRITE) {
+                Ok(()) if list.total() >= payload.len() as u64 => {
                     mem::scatter(&list, payload);
                 }
                 _ => {
@@ -1353,7 +1364,9 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
         return;
     }
     let write = h.ty == T_WRITE_IMM;
-    let mut write_dst = mem::SgList::new();
+    // One list, built in place (a move copies its whole capacity): the WRITE's target, or the
+    // receive's buffers.
+    let mut dst = mem::SgList::new();
     if write && !payload.is_empty() {
         let ok = qp.grants_remote(Access::REMOTE_WRITE);
         match qp.dev().keys.lookup(
@@ -1364,7 +1377,7 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
             payload.len() as u64,
             Access::REMOTE_WRITE,
         ) {
-            Ok(r) if ok => write_dst.push(r),
+            Ok(r) if ok => dst.push(r),
             _ => {
                 conn.ctl(T_NAK, h.seq, NAK_REM_ACCESS, 0);
                 qp.dev().raise(AsyncEventKind::QpAccessErr {
@@ -1375,7 +1388,14 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
             }
         }
     }
-    let Some(recv) = qp.pop_recv() else {
+    let keys = &qp.dev().keys;
+    let recv_pd = qp.recv_pd();
+    let popped = qp.pop_recv_with(|wr_id, sges| {
+        let resolved = write
+            || mem::resolve_local_into(&mut dst, keys, recv_pd, sges, Access::LOCAL_WRITE).is_ok();
+        (wr_id, resolved)
+    });
+    let Some((recv_wr_id, resolved)) = popped else {
         conn.ctl(T_NAK, h.seq, NAK_RNR, u32::from(qp.min_rnr_timer()));
         return;
     };
@@ -1383,7 +1403,7 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
     let fail = |slow: &mut Slow, conn: &mut Conn, status: WcStatus, nak: u16| {
         qp.complete_recv(
             WorkCompletion {
-                wr_id: recv.wr_id,
+                wr_id: recv_wr_id,
                 status,
                 opcode: WcOpcode::Recv,
                 src_qp,
@@ -1394,19 +1414,9 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
         conn.ctl(T_NAK, h.seq, nak, 0);
         qp.enter_err_locked(slow);
     };
-    let dst = if write {
-        write_dst
-    } else {
-        match mem::resolve_local(
-            &qp.dev().keys,
-            qp.recv_pd(),
-            recv.sges(),
-            Access::LOCAL_WRITE,
-        ) {
-            Ok(d) => d,
-            Err(_) => return fail(slow, conn, WcStatus::LocProtErr, NAK_REM_OP),
-        }
-    };
+    if !resolved {
+        return fail(slow, conn, WcStatus::LocProtErr, NAK_REM_OP);
+    }
     if !write && payload.len() as u64 > dst.total() {
         return fail(slow, conn, WcStatus::LocLenErr, NAK_REM_INV_REQ);
     }
@@ -1419,7 +1429,7 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
     mem::scatter(&dst, payload);
     qp.complete_recv(
         WorkCompletion {
-            wr_id: recv.wr_id,
+            wr_id: recv_wr_id,
             status: WcStatus::Success,
             opcode: if write {
                 WcOpcode::RecvRdmaWithImm
