@@ -502,6 +502,11 @@ impl Qp {
     pub fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         dispatch!(self, q => q.post_send(wrs))
     }
+    /// See [`QpOps::post_send_more`].
+    #[inline]
+    pub fn post_send_more(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        dispatch!(self, q => q.post_send_more(wrs))
+    }
     #[inline]
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         dispatch!(self, q => q.post_recv(wrs))

@@ -348,6 +348,13 @@ pub trait QpOps: Send {
     fn modify_to_reset(&mut self) -> Result<()>;
     /// Post a list; on failure, the WRs before `failed_index` were posted, none after.
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError>;
+    /// `post_send` for a list that another list to this QP follows at once (a caller with
+    /// more WRs than one list holds): the provider may hold the list's transmission back
+    /// until the following `post_send`, which the caller must make. Verbs rings each list's
+    /// doorbell (the default); the soft TCP fabric makes one write of both.
+    fn post_send_more(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        self.post_send(wrs)
+    }
     /// Post to the QP's own receive queue (an SRQ-attached QP refuses).
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError>;
 }

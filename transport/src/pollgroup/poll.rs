@@ -417,6 +417,8 @@ impl<R: Default> PollGroup<R> {
     }
 
     fn post_to_qp<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef) {
+        // The last list went with `post_send_more`: its transmission waits for the next one.
+        let mut held = false;
         loop {
             // Only the entries used are written.
             let mut batch = ArrayVec::<u32, POST_WRS>::new();
@@ -424,6 +426,9 @@ impl<R: Default> PollGroup<R> {
             let emptied;
             // Bit k: `batch[k]` was posted without a completion of its own.
             let silent;
+            // The batch ended at the list's length, with the next chain fitting the send
+            // queue: the next turn of this loop posts it at once.
+            let more;
             // One pass over the FIFO with the qpair looked up once: with many qpairs each
             // holds a chain or two per poll, so what costs per qpair (not per WR) counts.
             let (posted, fault, at) = {
@@ -435,18 +440,18 @@ impl<R: Default> PollGroup<R> {
                 let mut ends = ArrayVec::<u8, POST_WRS>::new();
                 loop {
                     let Some(index) = q.to_post.front() else {
-                        emptied = true;
+                        (emptied, more) = (true, false);
                         break;
                     };
                     let chain = &self.chains[index as usize];
                     let (n, reads) = (chain.len(), chain.reads());
                     if !q.has_room(n, reads) {
                         self.stats.post_stalls += 1;
-                        emptied = false;
+                        (emptied, more) = (false, false);
                         break;
                     }
                     if wrs.len() as u32 + n > POST_WRS as u32 {
-                        emptied = false;
+                        (emptied, more) = (false, true);
                         break;
                     }
                     q.to_post.pop_front(&mut self.req_links);
@@ -465,6 +470,13 @@ impl<R: Default> PollGroup<R> {
                     ends.push((wrs.len() - 1) as u8);
                 }
                 if batch.is_empty() {
+                    if held {
+                        // Not reached (a batch ended by length is followed by a post); the
+                        // held list must not wait for a post that does not come.
+                        if let Some(qp) = q.qp.as_mut() {
+                            let _ = qp.post_send(&[]);
+                        }
+                    }
                     return;
                 }
                 silent = silence(&self.chains, &batch, &ends, &mut wrs);
@@ -479,7 +491,10 @@ impl<R: Default> PollGroup<R> {
                     _ => None,
                 };
                 let to_post = fault.unwrap_or(at);
+                held = more && fault.is_none();
+                self.stats.send_lists_held += u64::from(held);
                 let posted = match q.qp.as_mut() {
+                    Some(qp) if held => qp.post_send_more(&wrs[..to_post]),
                     Some(qp) => qp.post_send(&wrs[..to_post]),
                     None => Err(crate::error::PostError {
                         failed_index: 0,

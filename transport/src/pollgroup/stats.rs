@@ -49,6 +49,9 @@ pub struct PollGroupStats {
     /// Send-side post calls, and WRs posted by them.
     pub send_post_calls: u64,
     pub send_wrs_posted: u64,
+    /// Of those calls, lists posted with `post_send_more` (another list to the same QP followed
+    /// at once; its post transmits both).
+    pub send_lists_held: u64,
     /// Chains posted without a completion of their own (a later chain of the same list asked
     /// for one), and such chains retired by a later completion on their qpair.
     pub silent_chains: u64,

@@ -907,6 +907,43 @@ pub struct SoftQp {
 }
 
 impl SoftQp {
+    /// Post a list; `doorbell`: write it out now (TCP), else it waits for the next list's.
+    fn post_list(
+        &mut self,
+        wrs: &[SendWr<'_>],
+        doorbell: bool,
+    ) -> std::result::Result<(), PostError> {
+        let mut result = Ok(());
+        if self.sh.fabric == SoftFabric::InProcess {
+            // Once per list: the link changes on the control path, not between a list's WRs.
+            self.refresh_peer();
+        }
+        {
+            // Lists of one or two WRs (QD 1, a response per qpair) gain nothing from sharing.
+            let mut scope = ListScope::new(wrs.len() > 2);
+            let (sh, peer) = (&self.sh, self.peer.as_ref());
+            for (i, wr) in wrs.iter().enumerate() {
+                let last = i + 1 == wrs.len();
+                if let Err(error) =
+                    Self::post_one(sh, peer, &mut self.next_seq, &mut scope, wr, last)
+                {
+                    result = Err(PostError {
+                        failed_index: i,
+                        error,
+                    });
+                    break;
+                }
+            }
+        }
+        if (doorbell || result.is_err()) && self.sh.fabric == SoftFabric::Tcp {
+            // One write for the whole list, and for the lists posted with `post_send_more`
+            // before it (the WRs before a failed one were posted too; after a refusal the
+            // caller posts no more, so they go now).
+            tcp::flush_posted(&self.sh);
+        }
+        result
+    }
+
     pub(crate) fn new(pd: &SoftPd, init: &QpInit<'_, Soft>) -> Result<SoftQp> {
         let dev = pd.dev();
         let c = &dev.cfg;
@@ -1239,33 +1276,10 @@ impl QpOps for SoftQp {
         Ok(())
     }
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
-        let mut result = Ok(());
-        if self.sh.fabric == SoftFabric::InProcess {
-            // Once per list: the link changes on the control path, not between a list's WRs.
-            self.refresh_peer();
-        }
-        {
-            // Lists of one or two WRs (QD 1, a response per qpair) gain nothing from sharing.
-            let mut scope = ListScope::new(wrs.len() > 2);
-            let (sh, peer) = (&self.sh, self.peer.as_ref());
-            for (i, wr) in wrs.iter().enumerate() {
-                let last = i + 1 == wrs.len();
-                if let Err(error) =
-                    Self::post_one(sh, peer, &mut self.next_seq, &mut scope, wr, last)
-                {
-                    result = Err(PostError {
-                        failed_index: i,
-                        error,
-                    });
-                    break;
-                }
-            }
-        }
-        if self.sh.fabric == SoftFabric::Tcp {
-            // One write for the whole list (the WRs before a failed one were posted too).
-            tcp::flush_posted(&self.sh);
-        }
-        result
+        self.post_list(wrs, true)
+    }
+    fn post_send_more(&mut self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        self.post_list(wrs, false)
     }
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> std::result::Result<(), PostError> {
         let sh = &self.sh;

@@ -545,3 +545,38 @@ fn rtr_does_not_block_on_an_unreachable_peer() {
     let c = net.wait(&a.cq, 1);
     assert_eq!(c[0].status, WcStatus::RetryExcErr, "{c:?}");
 }
+
+#[test]
+fn a_list_posted_with_more_waits_for_the_next() {
+    let (mut a, mut b, net) = connected_pair();
+    for i in 0..3u8 {
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 20 + u64::from(i),
+            sges: &[b.mr.sge(160 + usize::from(i) * 8, 8)],
+        }])
+        .unwrap();
+    }
+    let one = |wr_id: u64| send_wr(wr_id, SendOp::Send, &[], SendFlags::SIGNALED);
+    let before = writes(&a);
+    a.qp.post_send_more(&[one(20)]).unwrap();
+    assert_eq!(writes(&a), before, "the held list was written");
+    a.qp.post_send(&[one(21)]).unwrap();
+    assert_eq!(writes(&a), before + 1, "one write for both lists");
+    // A refused WR ends the caller's posting: what its list posted before it goes now.
+    let too_many = vec![a.mr.sge(0, 1); a.qp.caps().max_send_sge as usize + 1];
+    let refused = send_wr(99, SendOp::Send, &too_many, SendFlags::SIGNALED);
+    let err = a.qp.post_send_more(&[one(22), refused]).unwrap_err();
+    assert_eq!(err.failed_index, 1);
+    assert_eq!(
+        writes(&a),
+        before + 2,
+        "the accepted WR waited after the refusal"
+    );
+    let got: Vec<u64> = net.wait(&b.cq, 3).iter().map(|c| c.wr_id).collect();
+    assert_eq!(got, [20, 21, 22]);
+    let sent = net.wait(&a.cq, 3);
+    assert!(
+        sent.iter().all(|c| c.status == WcStatus::Success),
+        "{sent:?}"
+    );
+}

@@ -131,6 +131,29 @@ pub fn answers_of_one_list_share_one_completion(flavor: Flavor) {
     rig.assert_nothing_leaked();
 }
 
+/// More answers than one list holds (12 chains of 3 WRITEs + SEND: 48 WRs, lists of 32): the
+/// first list goes with `post_send_more` (the soft TCP fabric writes both lists at once) and
+/// every answer arrives, in order. In-process, where the capsules are all there for the
+/// group's first poll, the lists are exact: two posts, the first held.
+pub fn answers_beyond_one_list_go_with_the_next(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let mut rig = ScriptRig::new(fx, 1, cfg(1), shape());
+    for seq in 0..12 {
+        assert!(rig.cmd(0, Cmd::new(seq, OP_WRITE, 3), true));
+    }
+    rig.run_until("every answer and its chain's end", |r| {
+        r.answers[0].len() == 12 && r.pg.requests_in_use() == 0
+    });
+    assert_eq!(rig.answers[0], (0..12).collect::<Vec<u32>>());
+    let s = rig.pg.stats();
+    assert_eq!(rig.h.chains_ok, 12, "{s:?}");
+    assert_eq!(s.send_wrs_posted, 48, "{s:?}");
+    if flavor == Flavor::SoftInProcess {
+        assert_eq!((s.send_post_calls, s.send_lists_held), (2, 1), "{s:?}");
+    }
+    rig.assert_nothing_leaked();
+}
+
 /// A list of three answers (WRITE + SEND each) whose middle WRITE has a bad rkey: the first
 /// answer went silently and is done (the failure's own completion says so), the second fails
 /// with its error, the third is flushed; each chain ends once and the drain ends by itself.

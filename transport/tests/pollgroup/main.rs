@@ -296,6 +296,11 @@ macro_rules! pollgroup_suite {
             }
             #[test]
             $(#[$attr])*
+            fn answers_beyond_one_list_go_with_the_next() {
+                crate::chains::answers_beyond_one_list_go_with_the_next(F)
+            }
+            #[test]
+            $(#[$attr])*
             fn a_failing_silent_chain_reports_itself() {
                 crate::chains::a_failing_silent_chain_reports_itself(F)
             }
