@@ -680,9 +680,10 @@ impl Conn {
 }
 
 /// Close a QP's connection (reset, destroy, replacement). A held ACK leaves first: the
-/// requests it acknowledges were executed.
+/// requests it acknowledges were executed. Requests not written yet are not (a replacement
+/// connection re-sends them; a reset drops them).
 pub(crate) fn close(qp: &QpShared, mut c: Conn) {
-    if c.ack.is_some() && !c.dead {
+    if c.ack_held && !c.dead && c.out_pos == c.out.len() && c.refs.is_empty() {
         c.flush(&qp.dev().keys);
     }
     if let Some(t) = &qp.send_cq().tcp {
