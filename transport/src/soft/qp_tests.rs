@@ -859,12 +859,11 @@ fn unsignaled(f: SoftFabric) {
     assert_eq!(net.wait(&x.cq, 1)[0].wr_id, 9);
 }
 
-fn recv_too_small(f: SoftFabric) {
-    let (mut a, mut b) = pair(f, &Opts::default());
-    let net = Net::new(&[&a.cq, &b.cq]);
+/// `b` posts one receive (`recv_id`) of `recv`, and `a` sends it 8 bytes (a signaled SEND 1).
+fn eight_bytes_into(a: &mut Side, b: &mut Side, recv_id: u64, recv: Sge) {
     b.qp.post_recv(&[RecvWr {
-        wr_id: 1,
-        sges: &[b.mr.sge(0, 4)],
+        wr_id: recv_id,
+        sges: &[recv],
     }])
     .unwrap();
     a.qp.post_send(&[send_wr(
@@ -874,6 +873,13 @@ fn recv_too_small(f: SoftFabric) {
         SendFlags::SIGNALED,
     )])
     .unwrap();
+}
+
+fn recv_too_small(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let small = b.mr.sge(0, 4);
+    eight_bytes_into(&mut a, &mut b, 1, small);
     assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemInvReqErr);
     let r = net.wait(&b.cq, 1);
     assert_eq!((r[0].wr_id, r[0].status), (1, WcStatus::LocLenErr));
@@ -888,18 +894,7 @@ fn recv_with_a_bad_lkey(f: SoftFabric) {
         length: 64,
         lkey: b.mr.lkey() + 0x100,
     };
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 3,
-        sges: &[bad],
-    }])
-    .unwrap();
-    a.qp.post_send(&[send_wr(
-        1,
-        SendOp::Send,
-        &[a.mr.sge(0, 8)],
-        SendFlags::SIGNALED,
-    )])
-    .unwrap();
+    eight_bytes_into(&mut a, &mut b, 3, bad);
     // The receive names its own error; the sender learns the responder failed.
     let r = net.wait(&b.cq, 1);
     assert_eq!((r[0].wr_id, r[0].status), (3, WcStatus::LocProtErr));

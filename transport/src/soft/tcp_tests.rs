@@ -111,13 +111,23 @@ fn deliver_one(a: &mut Side, b: &mut Side) -> u64 {
     before
 }
 
-/// Polls `a` alone until its SEND 10 completes.
-fn acknowledged(a: &Side) -> WorkCompletion {
+/// A connected pair where `b` read a's SEND 10 and holds its ACK (no write yet); `b`'s write
+/// count before.
+fn ack_held() -> (Side, Side, Net, u64) {
+    let (mut a, mut b, net) = connected_pair();
+    let before = deliver_one(&mut a, &mut b);
+    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    (a, b, net, before)
+}
+
+/// Polls `a` alone until its SEND 10 completes, and checks it succeeded.
+fn assert_acknowledged(a: &Side) {
     let mut wc = [WorkCompletion::default(); 4];
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if a.cq.poll(&mut wc).unwrap() > 0 {
-            return wc[0];
+            assert_eq!((wc[0].wr_id, wc[0].status), (10, WcStatus::Success));
+            return;
         }
         assert!(
             Instant::now() < deadline,
@@ -129,14 +139,12 @@ fn acknowledged(a: &Side) -> WorkCompletion {
 
 #[test]
 fn ack_rides_on_the_next_frame_out() {
-    let (mut a, mut b, net) = connected_pair();
+    let (mut a, mut b, net, before) = ack_held();
     a.qp.post_recv(&[RecvWr {
         wr_id: 11,
         sges: &[a.mr.sge(88, 8)],
     }])
     .unwrap();
-    let before = deliver_one(&mut a, &mut b);
-    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
     // The response carries it: one write for both.
     b.qp.post_send(&[send_wr(
         11,
@@ -156,9 +164,7 @@ fn ack_rides_on_the_next_frame_out() {
 
 #[test]
 fn a_pure_ack_goes_alone_on_the_next_poll() {
-    let (mut a, mut b, _net) = connected_pair();
-    let before = deliver_one(&mut a, &mut b);
-    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    let (a, b, _net, before) = ack_held();
     // Nothing is posted back: b's next poll sends it.
     let mut wc = [WorkCompletion::default(); 4];
     assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
@@ -167,8 +173,7 @@ fn a_pure_ack_goes_alone_on_the_next_poll() {
         before + 1,
         "the next poll did not send the held ACK"
     );
-    let done = acknowledged(&a);
-    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+    assert_acknowledged(&a);
 }
 
 #[test]
@@ -177,20 +182,16 @@ fn a_consumer_that_stops_polling_still_acknowledges() {
     // b polls until the request is delivered, then never again (a consumer may stop once it
     // has what it wanted): the device's ACK timer sends what b held.
     deliver_one(&mut a, &mut b);
-    let done = acknowledged(&a);
-    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+    assert_acknowledged(&a);
 }
 
 #[test]
 fn arming_the_cq_sends_the_held_ack() {
-    let (mut a, mut b, _net) = connected_pair();
-    let before = deliver_one(&mut a, &mut b);
-    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    let (a, b, _net, before) = ack_held();
     // b will wait for an event instead of polling.
     b.cq.req_notify(false).unwrap();
     assert_eq!(writes(&b), before + 1, "arming did not send the held ACK");
-    let done = acknowledged(&a);
-    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+    assert_acknowledged(&a);
 }
 
 #[test]
@@ -201,20 +202,16 @@ fn an_armed_cq_holds_no_ack() {
     b.cq.req_notify(true).unwrap();
     let before = deliver_one(&mut a, &mut b);
     assert_eq!(writes(&b), before + 1, "the ACK was held on an armed CQ");
-    let done = acknowledged(&a);
-    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+    assert_acknowledged(&a);
 }
 
 #[test]
 fn closing_a_connection_sends_its_held_ack() {
-    let (mut a, mut b, _net) = connected_pair();
-    let before = deliver_one(&mut a, &mut b);
-    assert_eq!(writes(&b), before, "a pure ACK went out on its own");
+    let (a, mut b, _net, _) = ack_held();
     // The request was executed: its ACK leaves before the connection closes, so a's SEND
     // succeeds instead of failing with the lost connection.
     b.qp.modify_to_reset().unwrap();
-    let done = acknowledged(&a);
-    assert_eq!((done.wr_id, done.status), (10, WcStatus::Success));
+    assert_acknowledged(&a);
 }
 
 /// Length of `side`'s connection's input buffer.

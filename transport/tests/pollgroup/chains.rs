@@ -100,23 +100,30 @@ pub fn partially_posted_chain(flavor: Flavor) {
     }
 }
 
+/// One qpair, `n` commands at once, each answered by `writes` RDMA WRITEs and a SEND: runs
+/// until every answer arrived and every chain ended, and checks their order.
+fn all_answered(fx: Fx, n: u32, writes: u8) -> ScriptRig {
+    let mut rig = ScriptRig::new(fx, 1, cfg(1), shape());
+    for seq in 0..n {
+        assert!(rig.cmd(0, Cmd::new(seq, OP_WRITE, writes), true));
+    }
+    rig.run_until("every answer and its chain's end", |r| {
+        r.answers[0].len() == n as usize && r.pg.requests_in_use() == 0
+    });
+    assert_eq!(rig.answers[0], (0..n).collect::<Vec<u32>>());
+    assert_eq!(rig.h.chains_ok, u64::from(n), "{:?}", rig.pg.stats());
+    rig
+}
+
 /// Commands that arrive together are answered as one list: every answer but the last goes
 /// without a completion of its own (a silent chain), and the last one's completion retires
 /// them all. Where the device delivers the capsules before the group's poll (in-process) the
 /// list is exact: 8 answers, 7 silent, one SEND completion.
 pub fn answers_of_one_list_share_one_completion(flavor: Flavor) {
     let Some(fx) = Fx::open(flavor) else { return };
-    let mut rig = ScriptRig::new(fx, 1, cfg(1), shape());
+    let mut rig = all_answered(fx, 8, 1);
     let qpn = rig.pg_qpn[0];
-    for seq in 0..8 {
-        assert!(rig.cmd(0, Cmd::new(seq, OP_WRITE, 1), true));
-    }
-    rig.run_until("every answer and its chain's end", |r| {
-        r.answers[0].len() == 8 && r.pg.requests_in_use() == 0
-    });
-    assert_eq!(rig.answers[0], (0..8).collect::<Vec<u32>>());
     let s = rig.pg.stats();
-    assert_eq!(rig.h.chains_ok, 8, "{s:?}");
     assert_eq!(
         s.silent_retired, s.silent_chains,
         "a silent chain left: {s:?}"
@@ -137,16 +144,8 @@ pub fn answers_of_one_list_share_one_completion(flavor: Flavor) {
 /// group's first poll, the lists are exact: two posts, the first held.
 pub fn answers_beyond_one_list_go_with_the_next(flavor: Flavor) {
     let Some(fx) = Fx::open(flavor) else { return };
-    let mut rig = ScriptRig::new(fx, 1, cfg(1), shape());
-    for seq in 0..12 {
-        assert!(rig.cmd(0, Cmd::new(seq, OP_WRITE, 3), true));
-    }
-    rig.run_until("every answer and its chain's end", |r| {
-        r.answers[0].len() == 12 && r.pg.requests_in_use() == 0
-    });
-    assert_eq!(rig.answers[0], (0..12).collect::<Vec<u32>>());
+    let mut rig = all_answered(fx, 12, 3);
     let s = rig.pg.stats();
-    assert_eq!(rig.h.chains_ok, 12, "{s:?}");
     assert_eq!(s.send_wrs_posted, 48, "{s:?}");
     if flavor == Flavor::SoftInProcess {
         assert_eq!((s.send_post_calls, s.send_lists_held), (2, 1), "{s:?}");
