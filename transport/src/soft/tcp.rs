@@ -643,9 +643,14 @@ impl Conn {
         }
     }
 
+    /// Whether encoded frames (bytes or payload spans) wait to be written.
+    fn frames_pending(&self) -> bool {
+        self.out_pos < self.out.len() || !self.refs.is_empty()
+    }
+
     /// Whether anything waits to be written (encoded or a pending ACK).
     fn output_pending(&self) -> bool {
-        self.out_pos < self.out.len() || !self.refs.is_empty() || self.ack.is_some()
+        self.frames_pending() || self.ack.is_some()
     }
 
     /// The output buffer, to encode a frame other than an ACK into: the pending ACK goes first.
@@ -683,7 +688,7 @@ impl Conn {
 /// requests it acknowledges were executed. Requests not written yet are not (a replacement
 /// connection re-sends them; a reset drops them).
 pub(crate) fn close(qp: &QpShared, mut c: Conn) {
-    if c.ack_held && !c.dead && c.out_pos == c.out.len() && c.refs.is_empty() {
+    if c.ack_held && !c.dead && !c.frames_pending() {
         c.flush(&qp.dev().keys);
     }
     if let Some(t) = &qp.send_cq().tcp {
@@ -1095,7 +1100,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
     // every I/O), or goes alone on the next run (the CQ's next poll: `want` below). With the
     // sends on another CQ, or the CQ armed (its consumer waits for an event, not polling),
     // the next run may be far off: then it goes now.
-    let only_ack = conn.ack.is_some() && conn.out_pos == conn.out.len() && conn.refs.is_empty();
+    let only_ack = conn.ack.is_some() && !conn.frames_pending();
     let next_poll_near = Arc::ptr_eq(qp.send_cq(), qp.recv_cq()) && !qp.recv_cq().is_armed();
     if only_ack && !conn.ack_held && next_poll_near {
         conn.ack_held = true;
