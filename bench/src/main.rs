@@ -8,6 +8,7 @@ mod line_trip;
 mod runs;
 mod stats;
 mod target;
+mod tcp_limit;
 mod wire;
 
 use std::path::PathBuf;
@@ -94,7 +95,9 @@ enum Cmd {
         workloads: Vec<String>,
     },
     /// nvmf-tgt (binary, null namespace, one reactor) and nvmf-perf (binary, --json, one
-    /// reactor) as two processes over the soft TCP fabric on loopback: 4 KiB randread.
+    /// reactor) as two processes over the soft TCP fabric on loopback: 4 KiB randread; and
+    /// before each case, the kernel's loopback TCP limit for the same bytes per I/O at the
+    /// same depth (two busy-polling threads, no RDMA or NVMe work).
     Tcp {
         #[command(flatten)]
         common: Common,

@@ -20,12 +20,15 @@ use crate::host;
 use crate::line_trip;
 use crate::stats::{Collector, Metric, Section};
 use crate::target::{self, Daemon, InProcessTarget};
+use crate::tcp_limit;
 use crate::wire::{self, Op, WireSpec};
 
 /// Row names of the wire section, used to compute the in-process share.
 const WIRE_SEND: &str = "SEND/RECV";
 const WIRE_WRITE: &str = "RDMA WRITE";
 const LINE_TRIP: &str = "cache line round trip";
+/// Row name of (c)'s ceiling.
+const TCP_LIMIT: &str = "loopback TCP limit";
 
 const BUSY_NOTE: &str = "target busy %: share of the run's wall time (from the perf run's start \
      to its drain) the target reactor spent in passes that found work (its own busy-time \
@@ -204,6 +207,14 @@ pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Res
     let seconds = common.seconds.max(1.0).round() as u64;
     for _ in 0..common.runs.max(1) {
         for &depth in depths {
+            let limit = tcp_limit::measure(
+                depth,
+                common.duration(),
+                common.target_core,
+                common.host_core,
+                common.pin(),
+            )
+            .with_context(|| format!("loopback TCP limit at QD {depth}"))?;
             let mut cmd = Command::new(&perf);
             cmd.args(["--transport", "soft-tcp", "-a", "127.0.0.1"])
                 .args(["-s", &port.to_string(), "-n", target::NQN])
@@ -235,6 +246,10 @@ pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Res
                 "target RSS MiB",
                 target::rss_kib(&daemon.pid().to_string())? as f64 / 1024.0,
             );
+            c.add(&case, "% of limit", 100.0 * iops / limit.iops);
+            let case = format!("{TCP_LIMIT} QD {depth}");
+            c.add(&case, "IOPS", limit.iops);
+            c.add(&case, "avg us", limit.avg_us);
         }
     }
     daemon.stop()?;
@@ -246,7 +261,16 @@ pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Res
         ),
         command: command_line(),
         rows: c.rows(),
-        notes: vec![],
+        notes: vec![format!(
+            "{TCP_LIMIT}: the kernel's loopback TCP alone, no RDMA or NVMe work in user space: \
+             two threads on the same cores over one connection, non-blocking sockets polled in \
+             a busy loop, the host keeping QD commands of {} bytes in flight, the target \
+             answering each with {} bytes (soft TCP's frames of a 4 KiB read: the command's \
+             SEND; the data's WRITE and the response's SEND), one write per pass each side. \
+             % of limit: IOPS / that limit in the same run.",
+            tcp_limit::COMMAND,
+            tcp_limit::ANSWER
+        )],
     })
 }
 
