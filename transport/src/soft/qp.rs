@@ -91,7 +91,11 @@ pub(crate) fn ack_timeout(code: u8) -> Duration {
     Duration::from_nanos(4096u64 << code.min(31))
 }
 
-/// A send WR kept by the device (stalled, or in flight on TCP).
+/// A send WR kept by the device (stalled, or in flight on TCP). Always boxed
+/// ([`PooledEntry`]): an entry moves several times on its way (out of the pool, into and out
+/// of the send queue, back), and the device's full SGE count inline makes it a few hundred
+/// bytes; a moved box is a pointer (memmove was a tenth of the TCP target's time at depth with
+/// entries and SGE lists moved by value). Pooled entries keep their box.
 pub(crate) struct SqEntry {
     /// Send-queue sequence (every posted WR; the CQ's retire accounting).
     pub(crate) seq: u64,
@@ -104,11 +108,7 @@ pub(crate) struct SqEntry {
     pub(crate) signaled: bool,
     pub(crate) solicited: bool,
     n: u8,
-    /// Boxed: an entry moves several times on its way (out of the pool, into and out of the
-    /// send queue, back), and the device's full SGE count inline made each move a few
-    /// hundred bytes (with the TCP fabric's SGE lists moved by value as well, memmove was a
-    /// tenth of the TCP target's time at depth). Pooled entries keep their box.
-    sges: Box<[Sge; SOFT_MAX_SGE]>,
+    sges: [Sge; SOFT_MAX_SGE],
     is_inline: bool,
     pub(crate) inline: Vec<u8>,
     /// TCP: transmitted since the last go-back.
@@ -117,9 +117,12 @@ pub(crate) struct SqEntry {
     pub(crate) local_done: bool,
 }
 
+/// A send-queue entry as the device keeps it (see [`SqEntry`]).
+pub(crate) type PooledEntry = Box<SqEntry>;
+
 impl SqEntry {
-    fn empty() -> SqEntry {
-        SqEntry {
+    fn empty() -> PooledEntry {
+        Box::new(SqEntry {
             seq: 0,
             wire_seq: 0,
             wr_id: 0,
@@ -127,12 +130,12 @@ impl SqEntry {
             signaled: false,
             solicited: false,
             n: 0,
-            sges: Box::new([Sge::default(); SOFT_MAX_SGE]),
+            sges: [Sge::default(); SOFT_MAX_SGE],
             is_inline: false,
             inline: Vec::new(),
             sent: false,
             local_done: false,
-        }
+        })
     }
 
     pub(crate) fn sges(&self) -> &[Sge] {
@@ -161,6 +164,14 @@ impl SqEntry {
     }
 }
 
+/// What `admit` made of a posted WR.
+enum Admitted {
+    /// The QP is in ERR: the WR completed flushed.
+    Flushed,
+    /// To execute or queue, with its send-queue sequence.
+    Queued { seq: u64, signaled: bool },
+}
+
 /// The part of a QP behind a mutex: stalled sends, peer link, TCP connection. qp.rs owns the
 /// peer link and the retry budget (`reset_budget`, `stall_accounting`); the send queue is
 /// appended by posts (qp.rs) and retired by either fabric; `conn`, `conn_wait_since`,
@@ -170,13 +181,14 @@ pub(crate) struct Slow {
     pub(crate) peer: Option<Arc<QpShared>>,
     peer_addr: Option<(u16, u32)>,
     /// Posted, not yet finished sends (in-process: stalled; TCP: in flight or waiting).
-    pub(crate) sq: VecDeque<SqEntry>,
-    pool: Vec<SqEntry>,
+    pub(crate) sq: VecDeque<PooledEntry>,
+    pool: Vec<PooledEntry>,
     /// When the head may be retried (RNR timer / ACK timeout).
     pub(crate) retry_at: Option<Instant>,
     rnr_left: u8,
     retry_left: u8,
-    pub(crate) conn: Option<Conn>,
+    /// Boxed: progress and posts take it out and put it back (a few hundred bytes by value).
+    pub(crate) conn: Option<Box<Conn>>,
     /// TCP passive side: since when a posted WR has waited for the peer's data connection.
     pub(crate) conn_wait_since: Option<Instant>,
     /// TCP responder: the next request sequence accepted. Kept by the QP, not the connection,
@@ -196,7 +208,7 @@ impl Slow {
         self.retry_at = None;
     }
 
-    pub(crate) fn recycle(&mut self, e: SqEntry) {
+    pub(crate) fn recycle(&mut self, e: PooledEntry) {
         self.pool.push(e);
     }
 }
@@ -718,7 +730,7 @@ impl QpShared {
         seq: u64,
         wr: &SendWr<'_>,
         signaled: bool,
-    ) -> std::result::Result<SqEntry, WcStatus> {
+    ) -> std::result::Result<PooledEntry, WcStatus> {
         let mut e = slow.pool.pop().unwrap_or_else(SqEntry::empty);
         e.seq = seq;
         e.wr_id = wr.wr_id;
@@ -865,7 +877,7 @@ impl QpShared {
         g.next_wire = 0;
         g.seq_nak_sent = false;
         if let Some(c) = g.conn.take() {
-            tcp::close(self, c);
+            tcp::close(self, *c);
         }
         if destroy {
             g.pool.clear();
@@ -913,6 +925,9 @@ impl SoftQp {
         wrs: &[SendWr<'_>],
         doorbell: bool,
     ) -> std::result::Result<(), PostError> {
+        if self.sh.fabric == SoftFabric::Tcp {
+            return self.post_list_tcp(wrs, doorbell);
+        }
         let mut result = Ok(());
         if self.sh.fabric == SoftFabric::InProcess {
             // Once per list: the link changes on the control path, not between a list's WRs.
@@ -935,11 +950,45 @@ impl SoftQp {
                 }
             }
         }
-        if (doorbell || result.is_err()) && self.sh.fabric == SoftFabric::Tcp {
+        result
+    }
+
+    /// `post_list` on the TCP fabric: every WR is encoded into the connection's output under
+    /// the QP lock, taken once for the list (not per WR).
+    fn post_list_tcp(
+        &mut self,
+        wrs: &[SendWr<'_>],
+        doorbell: bool,
+    ) -> std::result::Result<(), PostError> {
+        let sh = &self.sh;
+        let mut result = Ok(());
+        let mut g = sh.lock();
+        for (i, wr) in wrs.iter().enumerate() {
+            match Self::admit(sh, &mut self.next_seq, wr) {
+                Err(error) => {
+                    result = Err(PostError {
+                        failed_index: i,
+                        error,
+                    });
+                    break;
+                }
+                Ok(Admitted::Flushed) => {}
+                Ok(Admitted::Queued { seq, signaled }) => {
+                    match sh.entry_from(&mut g, seq, wr, signaled) {
+                        Ok(e) => tcp::post(sh, &mut g, e),
+                        Err(status) => {
+                            sh.complete_send(seq, wr.wr_id, &wr.op, status, 0, true);
+                            sh.enter_err_locked(&mut g);
+                        }
+                    }
+                }
+            }
+        }
+        if doorbell || result.is_err() {
             // One write for the whole list, and for the lists posted with `post_send_more`
             // before it (the WRs before a failed one were posted too; after a refusal the
             // caller posts no more, so they go now).
-            tcp::flush_posted(&self.sh);
+            tcp::flush_posted(sh, &mut g);
         }
         result
     }
@@ -1092,14 +1141,9 @@ impl SoftQp {
     /// Post one WR of a list. `peer` is the list's in-process responder (looked up once per
     /// list); `scope` the list's pins and delivery count, released before any path that may
     /// wait (the send queue's lock, a local bind).
-    fn post_one<'a>(
-        sh: &'a Arc<QpShared>,
-        peer: Option<&'a Arc<QpShared>>,
-        next_seq: &mut u64,
-        scope: &mut ListScope<'a>,
-        wr: &SendWr<'_>,
-        last: bool,
-    ) -> Result<()> {
+    /// The checks every posted WR passes before it is executed or queued, and its send-queue
+    /// sequence. On a QP in ERR it completes flushed at once.
+    fn admit(sh: &QpShared, next_seq: &mut u64, wr: &SendWr<'_>) -> Result<Admitted> {
         let st = sh.state();
         if st != QpState::Rts && st != QpState::Err {
             return Err(TransportError::BadQpState {
@@ -1135,19 +1179,23 @@ impl SoftQp {
         let signaled = sh.sig_all || wr.flags.contains(SendFlags::SIGNALED);
         if st == QpState::Err {
             sh.complete_send(seq, wr.wr_id, &wr.op, WcStatus::WrFlushErr, 0, true);
-            return Ok(());
+            return Ok(Admitted::Flushed);
         }
-        if sh.fabric == SoftFabric::Tcp {
-            let mut g = sh.lock();
-            match sh.entry_from(&mut g, seq, wr, signaled) {
-                Ok(e) => tcp::post(sh, &mut g, e),
-                Err(status) => {
-                    sh.complete_send(seq, wr.wr_id, &wr.op, status, 0, true);
-                    sh.enter_err_locked(&mut g);
-                }
-            }
-            return Ok(());
-        }
+        Ok(Admitted::Queued { seq, signaled })
+    }
+
+    fn post_one<'a>(
+        sh: &'a Arc<QpShared>,
+        peer: Option<&'a Arc<QpShared>>,
+        next_seq: &mut u64,
+        scope: &mut ListScope<'a>,
+        wr: &SendWr<'_>,
+        last: bool,
+    ) -> Result<()> {
+        let (seq, signaled) = match Self::admit(sh, next_seq, wr)? {
+            Admitted::Flushed => return Ok(()),
+            Admitted::Queued { seq, signaled } => (seq, signaled),
+        };
         if sh.stalled.load(Ordering::Acquire) {
             scope.release();
             let mut g = sh.lock();

@@ -49,7 +49,7 @@ use mio::{Events, Interest, Poll, Registry, Token};
 
 use super::device::DeviceInner;
 use super::mem;
-use super::qp::{QpShared, Slow, SqEntry, Stall};
+use super::qp::{PooledEntry, QpShared, Slow, SqEntry, Stall};
 use crate::error::{Result, TransportError};
 use crate::types::*;
 
@@ -251,9 +251,12 @@ fn accept_loop(listener: TcpListener, dev: Weak<DeviceInner>) {
                 };
                 let mut g = qp.lock();
                 if let Some(old) = g.conn.take() {
-                    close(&qp, old);
+                    close(&qp, *old);
                 }
-                g.conn = Some(Conn::new(&qp, mio::net::TcpStream::from_std(stream)));
+                g.conn = Some(Box::new(Conn::new(
+                    &qp,
+                    mio::net::TcpStream::from_std(stream),
+                )));
                 replaced_connection(&mut g);
                 g.reset_budget(&qp);
                 drop(g);
@@ -349,7 +352,7 @@ pub(crate) fn connect_qp(qp: &Arc<QpShared>, ip: Ipv4Addr, remote: &QpEndpoint) 
     let _ = stream.set_nodelay(true);
     let mut g = qp.lock();
     if let Some(old) = g.conn.take() {
-        close(qp, old);
+        close(qp, *old);
     }
     let mut conn = Conn::new(qp, stream);
     Hdr {
@@ -360,7 +363,7 @@ pub(crate) fn connect_qp(qp: &Arc<QpShared>, ip: Ipv4Addr, remote: &QpEndpoint) 
         ..Hdr::default()
     }
     .encode(&mut conn.out);
-    g.conn = Some(conn);
+    g.conn = Some(Box::new(conn));
     replaced_connection(&mut g);
     drop(g);
     kick(qp);
@@ -760,7 +763,7 @@ fn lost(qp: &QpShared, slow: &mut Slow) {
 /// Post one WR (under the QP lock). Its frame is encoded into the connection's output buffer;
 /// it leaves with the next `flush_posted` (the end of the `post_send` list) or progress run, so
 /// a list of WRs costs one write, not one per WR.
-pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
+pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: PooledEntry) {
     if slow.sq.is_empty() && super::qp::is_local(&e.op) {
         // Nothing before it: a local operation runs now, connection or not.
         match qp.execute_local(&e.op) {
@@ -803,11 +806,11 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: SqEntry) {
     complete_local_heads(qp, slow);
 }
 
-/// The end of a `post_send` list: write what its WRs encoded, in one syscall. What the socket
+/// The end of a `post_send` list (under the QP lock): write what its WRs encoded, in one
+/// syscall. What the socket
 /// does not take now leaves on writable readiness (the CQ's poll).
-pub(crate) fn flush_posted(qp: &Arc<QpShared>) {
-    let mut g = qp.lock();
-    let Some(conn) = g.conn.as_mut() else {
+pub(crate) fn flush_posted(qp: &Arc<QpShared>, slow: &mut Slow) {
+    let Some(conn) = slow.conn.as_mut() else {
         return;
     };
     if !conn.output_pending() || conn.dead {
@@ -816,7 +819,7 @@ pub(crate) fn flush_posted(qp: &Arc<QpShared>) {
     conn.flush(&qp.dev().keys);
     if conn.dead {
         // The write found the connection gone (e.g. refused): fail as when retries run out.
-        lost(qp, &mut g);
+        lost(qp, slow);
     }
 }
 
@@ -841,7 +844,7 @@ pub(crate) fn complete_local_heads(qp: &QpShared, slow: &mut Slow) {
 fn transmit_pending(
     qp: &QpShared,
     conn: &mut Conn,
-    sq: &mut VecDeque<SqEntry>,
+    sq: &mut VecDeque<PooledEntry>,
 ) -> std::result::Result<(), (usize, WcStatus)> {
     let first = sq.iter().rposition(|e| e.sent).map_or(0, |i| i + 1);
     let is_read = |e: &SqEntry| matches!(e.op, SendOp::RdmaRead { .. });
