@@ -82,6 +82,7 @@
 mod channel;
 mod cm;
 mod cq;
+mod delivery_batch;
 mod device;
 mod fault;
 mod inproc;

@@ -331,15 +331,8 @@ impl QpShared {
     pub(crate) fn link_is_down(&self) -> bool {
         self.link_down.load(Ordering::Acquire)
     }
-    /// Run `deliver` as a delivery into this QP's receive side (counted, so LAST_WQE_REACHED
-    /// waits for it), then check whether the last WQE was reached.
-    pub(crate) fn delivering<T>(&self, deliver: impl FnOnce() -> T) -> T {
-        self.begin_delivery();
-        let out = deliver();
-        self.end_delivery();
-        out
-    }
-    /// A delivery (or an in-process list of them, `inproc::ListScope`) into this QP begins.
+    /// A delivery (or an in-process list of them, `inproc::ListScope`, or a soft TCP input
+    /// batch's, `DeliveryBatch`) into this QP begins.
     #[inline(always)]
     pub(crate) fn begin_delivery(&self) {
         self.in_delivery.fetch_add(1, Ordering::SeqCst);

@@ -28,6 +28,7 @@ both_fabrics!(
     unsignaled,
     recv_too_small,
     recv_with_a_bad_lkey,
+    a_failed_receive_follows_the_ones_before_it,
     thousand_qps_one_cq,
 );
 
@@ -899,6 +900,51 @@ fn recv_with_a_bad_lkey(f: SoftFabric) {
     let r = net.wait(&b.cq, 1);
     assert_eq!((r[0].wr_id, r[0].status), (3, WcStatus::LocProtErr));
     assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::RemOpErr);
+    assert_eq!(b.qp.state(), QpState::Err);
+}
+
+/// Four SENDs in one list into receives of which the third has a bad lkey: the receive
+/// queue's completions keep their order (on soft TCP the four arrive in one read, whose
+/// successful completions are queued together: the failure must not overtake them).
+fn a_failed_receive_follows_the_ones_before_it(f: SoftFabric) {
+    let (mut a, mut b) = pair(f, &Opts::default());
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let bad = Sge {
+        addr: b.mr.addr(),
+        length: 64,
+        lkey: b.mr.lkey() + 0x100,
+    };
+    for (wr_id, sge) in [
+        (1, b.mr.sge(0, 64)),
+        (2, b.mr.sge(64, 64)),
+        (3, bad),
+        (4, b.mr.sge(128, 64)),
+    ] {
+        b.qp.post_recv(&[RecvWr {
+            wr_id,
+            sges: &[sge],
+        }])
+        .unwrap();
+    }
+    let sge = [a.mr.sge(0, 8)];
+    let wrs: Vec<SendWr<'_>> = (1..=4)
+        .map(|i| send_wr(i, SendOp::Send, &sge, SendFlags::SIGNALED))
+        .collect();
+    a.qp.post_send(&wrs).unwrap();
+    let got: Vec<(u64, WcStatus)> = net
+        .wait(&b.cq, 4)
+        .iter()
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::LocProtErr),
+            (4, WcStatus::WrFlushErr),
+        ]
+    );
     assert_eq!(b.qp.state(), QpState::Err);
 }
 

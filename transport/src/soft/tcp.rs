@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token};
 
+use super::delivery_batch::DeliveryBatch;
 use super::device::DeviceInner;
 use super::mem;
 use super::qp::{PooledEntry, QpShared, Slow, SqEntry, Stall};
@@ -1140,6 +1141,7 @@ pub(crate) fn send_held_ack(qp: &Arc<QpShared>) {
 fn handle_frames(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn) -> bool {
     let mut pos = 0;
     let inb = std::mem::take(&mut conn.inb);
+    let mut batch = DeliveryBatch::default();
     let ok = loop {
         let avail = &inb[pos..conn.in_len];
         let Some(h) = Hdr::decode(avail) else {
@@ -1158,11 +1160,12 @@ fn handle_frames(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn) -> bool {
             break true;
         }
         let payload = &avail[HDR..HDR + len];
-        if !handle(qp, slow, conn, &h, payload) {
+        if !handle(qp, slow, conn, &mut batch, &h, payload) {
             break false;
         }
         pos += HDR + len;
     };
+    batch.finish(qp);
     conn.inb = inb;
     // Keep the unparsed tail at the front.
     conn.inb.copy_within(pos..conn.in_len, 0);
@@ -1170,10 +1173,17 @@ fn handle_frames(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn) -> bool {
     ok
 }
 
-fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) -> bool {
+fn handle(
+    qp: &Arc<QpShared>,
+    slow: &mut Slow,
+    conn: &mut Conn,
+    batch: &mut DeliveryBatch,
+    h: &Hdr,
+    payload: &[u8],
+) -> bool {
     match h.ty {
         T_SEND | T_SEND_IMM | T_SEND_INV | T_WRITE | T_WRITE_IMM | T_READ_REQ => {
-            respond(qp, slow, conn, h, payload);
+            respond(qp, slow, conn, batch, h, payload);
             true
         }
         T_ACK => {
@@ -1268,7 +1278,14 @@ fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload
 }
 
 /// Responder side of one request.
-fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) {
+fn respond(
+    qp: &Arc<QpShared>,
+    slow: &mut Slow,
+    conn: &mut Conn,
+    batch: &mut DeliveryBatch,
+    h: &Hdr,
+    payload: &[u8],
+) {
     if qp.state() == QpState::Err || !qp.is_live() {
         conn.ctl(T_NAK, h.seq, NAK_DEAD, 0);
         return;
@@ -1361,13 +1378,22 @@ fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
             }
         }
         _ => {
-            qp.delivering(|| deliver(qp, slow, conn, h, payload));
+            batch.begin(qp);
+            deliver(qp, slow, conn, batch, h, payload);
         }
     }
 }
 
-/// An incoming message that consumes a receive.
-fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) {
+/// An incoming message that consumes a receive (counted as a delivery by `batch`, which holds
+/// its successful completion).
+fn deliver(
+    qp: &Arc<QpShared>,
+    slow: &mut Slow,
+    conn: &mut Conn,
+    batch: &mut DeliveryBatch,
+    h: &Hdr,
+    payload: &[u8],
+) {
     if qp.state() == QpState::Err {
         conn.ctl(T_NAK, h.seq, NAK_DEAD, 0);
         return;
@@ -1409,7 +1435,9 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
         return;
     };
     let src_qp = qp.remote().map_or(0, |r| r.qp_num);
-    let fail = |slow: &mut Slow, conn: &mut Conn, status: WcStatus, nak: u16| {
+    let fail = |slow: &mut Slow, conn: &mut Conn, batch: &mut DeliveryBatch, status, nak| {
+        // The batch's earlier successes first: a receive queue's completions keep their order.
+        batch.queue(qp);
         qp.complete_recv(
             WorkCompletion {
                 wr_id: recv_wr_id,
@@ -1424,19 +1452,20 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
         qp.enter_err_locked(slow);
     };
     if !resolved {
-        return fail(slow, conn, WcStatus::LocProtErr, NAK_REM_OP);
+        return fail(slow, conn, batch, WcStatus::LocProtErr, NAK_REM_OP);
     }
     if !write && payload.len() as u64 > dst.total() {
-        return fail(slow, conn, WcStatus::LocLenErr, NAK_REM_INV_REQ);
+        return fail(slow, conn, batch, WcStatus::LocLenErr, NAK_REM_INV_REQ);
     }
     let inv = (h.ty == T_SEND_INV).then_some(h.key);
     if let Some(rkey) = inv {
         if !qp.dev().keys.invalidate_rkey(rkey, qp.pd()) {
-            return fail(slow, conn, WcStatus::RemInvReqErr, NAK_REM_OP);
+            return fail(slow, conn, batch, WcStatus::RemInvReqErr, NAK_REM_OP);
         }
     }
     mem::scatter(&dst, payload);
-    qp.complete_recv(
+    batch.complete(
+        qp,
         WorkCompletion {
             wr_id: recv_wr_id,
             status: WcStatus::Success,
