@@ -33,6 +33,9 @@ pub struct RecvSlots {
     pub total: u32,
     /// Posted on the SRQ, ready for a capsule.
     pub posted: u32,
+    /// Kept off the SRQ: the group posts what its qpairs' hosts may send (their queue depths)
+    /// and a margin, so the posted slots stay warm in cache.
+    pub spare: u32,
     /// Back from a capsule, waiting to be re-posted at the end of a poll.
     pub queued: u32,
     /// Holding a capsule: its request has not released it yet (an in-capsule write keeps it
@@ -108,6 +111,7 @@ impl GroupSnapshot {
             recv_slots: RecvSlots {
                 total: cfg.srq_depth,
                 posted,
+                spare: cfg.srq_depth - posted - queued - held,
                 queued,
                 held,
             },

@@ -197,12 +197,14 @@ impl Rig {
             .sum()
     }
 
-    /// Receive slots over the groups, by state: (posted, queued for re-posting, held).
+    /// Receive slots over the groups, by state: (free: posted or spare, queued for re-posting,
+    /// held).
     fn recv_slots(&self) -> (u32, u32, u32) {
         let tr = self.tr.as_ref().unwrap();
         let mut total = (0, 0, 0);
         for (_, s) in tr.each_group(|g| g.snapshot()).unwrap() {
-            total.0 += s.recv_slots.posted;
+            // Free: posted, or spare (kept off the SRQ by the group's post limit).
+            total.0 += s.recv_slots.posted + s.recv_slots.spare;
             total.1 += s.recv_slots.queued;
             total.2 += s.recv_slots.held;
         }

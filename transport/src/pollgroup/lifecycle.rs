@@ -151,6 +151,10 @@ impl<R: Default> PollGroup<R> {
         if recvs > 0 {
             // check_room made sure the pool has them; posted at the end of the poll.
             self.recv.assign(index, recvs);
+        } else if self.srq.is_some() {
+            // Its peer's receives go onto the SRQ now: it may send before this pass ends.
+            self.recv.add_peer_depth(depth);
+            self.flush_recvs();
         }
         self.stats.qpairs_added += 1;
         QpRef { index, generation }
@@ -439,6 +443,9 @@ impl<R: Default> PollGroup<R> {
         drop(q.qp.take());
         drop(q.cm_id.take());
         self.recv.unassign(qref.index);
+        if self.srq.is_some() {
+            self.recv.remove_peer_depth(q.depth);
+        }
         self.stats.qpairs_gone += 1;
         h.qpair_event(self, qp_num, q.token, QpairEvent::Gone { forced });
     }

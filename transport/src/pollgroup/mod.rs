@@ -355,6 +355,12 @@ impl<R> PollGroup<R> {
             cfg.srq_depth,
             CAPSULE_HEADER + cfg.in_capsule_data_size,
             per_qpair,
+            // A host group keeps every slot posted (its responses' slots are few and its
+            // re-post timing, `RecvRepost::NextPass`, counts on the whole SRQ as slack).
+            match role {
+                Role::Target => 2 * cfg.batch as u32,
+                Role::Host => cfg.srq_depth,
+            },
         )?;
         let bufs = DataBuffers::new(pd, cfg.data_buffers, cfg.io_unit_size)?;
         let nreq = cfg.max_requests as usize;
@@ -511,14 +517,21 @@ impl<R> PollGroup<R> {
         self.recv.posted()
     }
 
+    /// The most receive slots the group keeps posted on its SRQ: a target group posts what
+    /// its qpairs' peers may send (their queue depths) and a margin, not every slot (see
+    /// `recv.rs`); a host group, every slot.
+    pub fn recv_post_limit(&self) -> u32 {
+        self.recv.post_limit()
+    }
+
     /// Receive slots in each state by the group's own count: (posted on the SRQ, queued for
-    /// re-posting, held by capsules). With the free per-qpair pool they add up to
-    /// `srq_depth`. Leak checks should compare `posted` with the SRQ's real occupancy (the
+    /// re-posting, held by capsules). With the free per-qpair pool and the spare slots beyond
+    /// the post limit they add up to `srq_depth`. Leak checks should compare `posted` with the SRQ's real occupancy (the
     /// soft SRQ's `posted()`).
     pub fn recv_accounting(&self) -> (u32, u32, u32) {
         let posted = self.recv.posted();
         let queued = self.recv.queued();
-        let free = self.recv.free_count();
+        let free = self.recv.free_count() + self.recv.spare_count();
         (posted, queued, self.recv.count() - posted - queued - free)
     }
 

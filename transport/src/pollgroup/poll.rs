@@ -140,7 +140,7 @@ impl<R: Default> PollGroup<R> {
     }
 
     /// Re-posts queued receive slots: to the SRQ, or to each owning qpair's QP.
-    fn flush_recvs(&mut self) {
+    pub(super) fn flush_recvs(&mut self) {
         let calls = match &self.srq {
             Some(srq) => match self.recv.flush(srq) {
                 Ok(c) => c,
@@ -952,6 +952,56 @@ mod tests {
             h.complete.clear();
         }
         assert_eq!(pg.requests_in_use(), 0);
+    }
+
+    /// A target group keeps posted what its qpairs' peers may send plus a margin (two
+    /// batches), the other slots spare; a slot the pass freed goes back on the SRQ before any
+    /// spare one (its lines are the warm ones), and beyond the limit it waits as spare.
+    #[test]
+    fn a_target_group_posts_its_peers_depth_and_reuses_warm_slots() {
+        let (ctx, cfg) = tiny("post_limit");
+        let cfg = PollGroupConfig {
+            srq_depth: 64,
+            batch: 4,
+            max_queue_depth: 16,
+            ..cfg
+        };
+        let mut pg = PollGroup::<()>::new(&ctx, cfg).unwrap();
+        assert_eq!(pg.recv_post_limit(), 8, "no qpair: the margin");
+        assert_eq!(pg.recv_accounting(), (8, 0, 0));
+        let qp = pg.create_qp().unwrap();
+        let qpn = pg.add_qp(qp, 16, 4, 0).unwrap();
+        assert_eq!(pg.recv_post_limit(), 24);
+        assert_eq!(
+            pg.recv_accounting(),
+            (24, 0, 0),
+            "posted as the qpair joined"
+        );
+        assert_eq!(pg.recv.spare_count(), 40);
+        let mut h = Record::default();
+        let orphan = |slot: u32| WorkCompletion {
+            wr_id: wrid::recv(slot),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            qp_num: 0xdead,
+            byte_len: 64,
+            ..WorkCompletion::default()
+        };
+        // The first slots posted (the top of the pool) come back first.
+        let warm = 63;
+        assert_eq!(pg.slot_state(warm), Some(SlotState::Posted));
+        pg.dispatch(&mut h, &orphan(warm));
+        pg.flush_recvs();
+        assert_eq!(pg.slot_state(warm), Some(SlotState::Posted), "re-posted");
+        assert_eq!(pg.recv.spare_count(), 40, "no spare slot taken instead");
+        // The qpair goes: what is posted stays (the SRQ cannot take it back), and a slot
+        // freed now stays spare, as the limit is the margin again.
+        pg.destroy_qpair(&mut h, qpn);
+        assert_eq!(pg.recv_post_limit(), 8);
+        pg.dispatch(&mut h, &orphan(warm));
+        pg.flush_recvs();
+        assert_eq!(pg.slot_state(warm), Some(SlotState::Spare));
+        assert_eq!(pg.recv_accounting(), (23, 0, 0));
     }
 
     #[test]

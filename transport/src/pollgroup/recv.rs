@@ -8,7 +8,16 @@
 //! (per-qpair pool) Free --assign--> QueuedForPost
 //! QueuedForPost --flush--> Posted --completion--> Held --release--> QueuedForPost
 //! (owner gone) Posted / QueuedForPost / Held-then-released --> Free
+//! (SRQ, beyond the posting limit) QueuedForPost <--flush--> Spare
 //! ```
+//!
+//! With an SRQ the group keeps only as many slots posted as its qpairs' peers may fill
+//! (`flush`'s limit: the sum of their queue depths and a margin), not every slot: the SRQ
+//! hands out receives in the order they were posted, so each posted slot comes round again
+//! only after all the others, and with thousands posted every capsule landed in a buffer long
+//! out of cache (a cache miss in the store of each capsule, and in the next locked instruction
+//! after it). The rest wait as Spare, the most recently freed on top, and go back when the
+//! limit grows.
 //!
 //! A slot is posted only from QueuedForPost (never twice), a completion is accepted only for a
 //! Posted slot (anything else is counted as an error and the slot is left alone), and only a
@@ -36,6 +45,8 @@ pub enum SlotState {
     Posted,
     /// Completed: a capsule the layer above (or a waiting qpair) holds.
     Held,
+    /// SRQ mode: free, kept off the SRQ while the posting limit is reached.
+    Spare,
 }
 
 pub(crate) struct RecvSlots {
@@ -55,13 +66,28 @@ pub(crate) struct RecvSlots {
     /// whose count is zero has no receive the device could still write.
     posted_by: Vec<u32>,
     free: Vec<u32>,
+    /// SRQ mode: Spare slots, the most recently freed last (capacity = count: never grows).
+    spare: Vec<u32>,
+    /// SRQ mode: the sum of the queue depths of the group's qpairs' peers (commands, or
+    /// responses, they may have outstanding, each a receive it may consume).
+    peer_depth: u32,
+    /// SRQ mode: posted beyond `peer_depth`: the receives a pass may consume before its end
+    /// posts the freed slots again (two passes' worth, for `RecvRepost::NextPass`).
+    margin: u32,
 }
 
 pub(crate) const NO_OWNER: u32 = u32::MAX;
 
 impl RecvSlots {
     /// `per_qpair`: slots start Free and are assigned to qpairs; else all go to the SRQ.
-    pub(crate) fn new(pd: &Pd, count: u32, slot_size: u32, per_qpair: bool) -> Result<RecvSlots> {
+    /// `margin`: see the field.
+    pub(crate) fn new(
+        pd: &Pd,
+        count: u32,
+        slot_size: u32,
+        per_qpair: bool,
+        margin: u32,
+    ) -> Result<RecvSlots> {
         let mr = pd.alloc_mr(count as usize * slot_size as usize, Access::LOCAL_WRITE)?;
         let (state, repost, free, owner) = if per_qpair {
             (
@@ -89,7 +115,33 @@ impl RecvSlots {
             owner,
             posted_by: Vec::new(),
             free,
+            spare: Vec::with_capacity(if per_qpair { 0 } else { count as usize }),
+            peer_depth: 0,
+            margin,
         })
+    }
+
+    /// SRQ mode: a qpair whose peer may have `depth` messages outstanding joined (`flush`
+    /// posts for it: before its peer can send).
+    pub(crate) fn add_peer_depth(&mut self, depth: u32) {
+        self.peer_depth = self.peer_depth.saturating_add(depth);
+    }
+
+    /// ... and left.
+    pub(crate) fn remove_peer_depth(&mut self, depth: u32) {
+        self.peer_depth = self.peer_depth.saturating_sub(depth);
+    }
+
+    /// SRQ mode: the most slots kept posted.
+    pub(crate) fn post_limit(&self) -> u32 {
+        self.peer_depth
+            .saturating_add(self.margin)
+            .min(self.count())
+    }
+
+    /// SRQ mode: slots kept off the SRQ by the posting limit.
+    pub(crate) fn spare_count(&self) -> u32 {
+        self.spare.len() as u32
     }
 
     /// Slots in the per-qpair free pool.
@@ -150,7 +202,8 @@ impl RecvSlots {
                     self.state[slot] = SlotState::Free;
                     self.free.push(slot as u32);
                 }
-                SlotState::Held | SlotState::Free => {}
+                // Spare exists only in SRQ mode, which has no owners.
+                SlotState::Held | SlotState::Free | SlotState::Spare => {}
             }
         }
     }
@@ -311,8 +364,11 @@ impl RecvSlots {
         calls
     }
 
-    /// Posts every queued slot to `srq` as lists. Returns how many post calls it made.
+    /// Posts queued slots to `srq` as lists, keeping at most `post_limit` posted: queued
+    /// slots beyond it become Spare (the longest queued first), and below it Spare slots are
+    /// queued again (the most recently freed first). Returns how many post calls it made.
     pub(crate) fn flush(&mut self, srq: &Srq) -> Result<u32, PostError> {
+        self.fit_to(self.post_limit());
         let mut calls = 0;
         while !self.repost.is_empty() {
             let n = self.repost.len().min(POST_CHUNK);
@@ -343,6 +399,35 @@ impl RecvSlots {
             result?;
         }
         Ok(calls)
+    }
+}
+
+impl RecvSlots {
+    /// Makes posted + queued come as near `limit` as the slots allow (see `flush`).
+    fn fit_to(&mut self, limit: u32) {
+        let room = limit.saturating_sub(self.posted) as usize;
+        if self.repost.len() > room {
+            // The front of the queue was freed first: its lines are the coldest.
+            let excess = self.repost.len() - room;
+            for &slot in &self.repost[..excess] {
+                self.state[slot as usize] = SlotState::Spare;
+            }
+            // Pushed oldest first, so the most recently freed stays on top.
+            self.spare.extend_from_slice(&self.repost[..excess]);
+            self.repost.drain(..excess);
+        } else {
+            let take = (room - self.repost.len()).min(self.spare.len());
+            if take == 0 {
+                return;
+            }
+            // Queued below the slots already queued: `flush` posts from the end, and what
+            // the pass freed is the warmest.
+            let from = self.spare.len() - take;
+            for &slot in &self.spare[from..] {
+                self.state[slot as usize] = SlotState::QueuedForPost;
+            }
+            self.repost.splice(0..0, self.spare.drain(from..));
+        }
     }
 }
 

@@ -245,6 +245,43 @@ fn overrun(flavor: Flavor) {
     rig.assert_nothing_leaked();
 }
 
+/// A target group posts only what its qpairs' peers may send (the sum of their queue depths
+/// and a margin), not its whole SRQ: every peer filling its whole queue before the group
+/// polls once still finds a receive for each capsule (the host QPs take no RNR retry, so one
+/// missing receive fails a send), round after round.
+fn every_peer_fills_its_queue_without_rnr(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let (n, depth) = (4usize, 16u32);
+    let cfg = PollGroupConfig {
+        batch: 4,
+        ..config(n as u32)
+    };
+    let mut rig = Rig::new(fx, n, cfg, depth, 0);
+    let limit = rig.pg.recv_post_limit();
+    assert!(
+        limit < rig.pg.config().srq_depth,
+        "the test needs slots kept spare: limit {limit}"
+    );
+    for round in 0..3u32 {
+        for seq in 0..depth {
+            for i in 0..n {
+                assert!(rig.send(i, round * depth + seq));
+            }
+        }
+        let want = u64::from((round + 1) * depth) * n as u64;
+        rig.run_until("every capsule and answer of the round", |r| {
+            r.pg.stats().capsules >= want && r.host.ok.iter().sum::<u64>() >= want
+                || r.host.failed.iter().sum::<u64>() > 0
+        });
+        assert_eq!(
+            rig.host.failed,
+            vec![0; n],
+            "round {round}: a capsule found no receive"
+        );
+    }
+    rig.assert_nothing_leaked();
+}
+
 macro_rules! pollgroup_suite {
     ($module:ident, $flavor:expr $(, #[$attr:meta])*) => {
         mod $module {
@@ -273,6 +310,11 @@ macro_rules! pollgroup_suite {
             $(#[$attr])*
             fn drain_without_last_wqe_reached_uses_fallback() {
                 crate::drain(F, false)
+            }
+            #[test]
+            $(#[$attr])*
+            fn every_peer_fills_its_queue_without_rnr() {
+                crate::every_peer_fills_its_queue_without_rnr(F)
             }
             #[test]
             $(#[$attr])*
