@@ -583,9 +583,12 @@ impl Conn {
     /// Write `out` with the payload spans of `refs` between its bytes, in one `sendmsg` where
     /// the socket takes it all; the rest is copied into `out` (refs empty after).
     fn flush_parts(&mut self, keys: &mem::KeyTable) {
+        // One pin per key for the write, not per span: a pass's payloads mostly come from one
+        // region (the target's data buffers). Dropped last: the spans borrow it.
+        let pins = mem::PinCache::new(self.refs.len() > 1);
         let mut pinned: arrayvec::ArrayVec<mem::KeyRef<'_>, MAX_REFS> = arrayvec::ArrayVec::new();
         for r in &self.refs {
-            match keys.lookup(r.lkey, false, r.pd, r.addr, r.len, Access::empty()) {
+            match pins.lookup(keys, r.lkey, false, r.pd, r.addr, r.len, Access::empty()) {
                 Ok(k) => pinned.push(k),
                 Err(_) => {
                     // Checked when encoded, in this same call: only an MR deregistered
