@@ -1135,7 +1135,9 @@ impl SoftQp {
     /// list); `scope` the list's pins and delivery count, released before any path that may
     /// wait (the send queue's lock, a local bind).
     /// The checks every posted WR passes before it is executed or queued, and its send-queue
-    /// sequence. On a QP in ERR it completes flushed at once.
+    /// sequence. On a QP in ERR it completes flushed at once. Inlined: it is each WR's first
+    /// step on the in-process fast path.
+    #[inline(always)]
     fn admit(sh: &QpShared, next_seq: &mut u64, wr: &SendWr<'_>) -> Result<Admitted> {
         let st = sh.state();
         if st != QpState::Rts && st != QpState::Err {
