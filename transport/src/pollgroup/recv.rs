@@ -400,9 +400,7 @@ impl RecvSlots {
         }
         Ok(calls)
     }
-}
 
-impl RecvSlots {
     /// Makes posted + queued come as near `limit` as the slots allow (see `flush`).
     fn fit_to(&mut self, limit: u32) {
         let room = limit.saturating_sub(self.posted) as usize;

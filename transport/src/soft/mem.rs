@@ -458,7 +458,8 @@ struct Held<'t> {
     parent: Option<(&'t KeySlot, u32)>,
 }
 
-/// Pins kept across the work requests of one `post_send` list (in-process fabric). A lookup
+/// Pins kept across the work requests of one `post_send` list (in-process fabric), or across
+/// the payload spans of one soft TCP write (`Conn::flush_parts`). A lookup
 /// of a key the cache holds re-checks the slot with a plain load (an invalidation or a
 /// deregistration begun meanwhile fails it, as a fresh pin would) and pins nothing; its
 /// guard borrows the cache, so no guard outlives the pins. Deregistration and rebinding wait

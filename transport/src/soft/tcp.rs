@@ -811,8 +811,7 @@ pub(crate) fn post(qp: &Arc<QpShared>, slow: &mut Slow, mut e: PooledEntry) {
 }
 
 /// The end of a `post_send` list (under the QP lock): write what its WRs encoded, in one
-/// syscall. What the socket
-/// does not take now leaves on writable readiness (the CQ's poll).
+/// syscall. What the socket does not take now leaves on writable readiness (the CQ's poll).
 pub(crate) fn flush_posted(qp: &Arc<QpShared>, slow: &mut Slow) {
     let Some(conn) = slow.conn.as_mut() else {
         return;
