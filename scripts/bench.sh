@@ -6,7 +6,8 @@
 #   (a) wire    the soft in-process fabric's limit (transport API only), the cores' cache line
 #               round trip
 #   (b) inproc  nvmf-tgt engine + nvmf-perf engine in one process (in-process fabric)
-#   (c) tcp     nvmf-tgt + nvmf-perf as processes over soft TCP on loopback
+#   (c) tcp     nvmf-tgt + nvmf-perf as processes over soft TCP on loopback, and its ceiling:
+#               the kernel's loopback TCP alone moving the same bytes per I/O
 #   (e) qpairs  1 / 64 / 1024 qpairs on one target reactor, IOPS and RSS (in-process and TCP)
 #   (d) cost    instructions per I/O per side and the top functions (valgrind callgrind)
 #

@@ -887,14 +887,19 @@ fn recv_too_small(f: SoftFabric) {
     assert_eq!(b.qp.state(), QpState::Err);
 }
 
+/// 64 bytes of `side`'s region named by a key that does not exist.
+fn bad_lkey(side: &Side) -> Sge {
+    Sge {
+        addr: side.mr.addr(),
+        length: 64,
+        lkey: side.mr.lkey() + 0x100,
+    }
+}
+
 fn recv_with_a_bad_lkey(f: SoftFabric) {
     let (mut a, mut b) = pair(f, &Opts::default());
     let net = Net::new(&[&a.cq, &b.cq]);
-    let bad = Sge {
-        addr: b.mr.addr(),
-        length: 64,
-        lkey: b.mr.lkey() + 0x100,
-    };
+    let bad = bad_lkey(&b);
     eight_bytes_into(&mut a, &mut b, 3, bad);
     // The receive names its own error; the sender learns the responder failed.
     let r = net.wait(&b.cq, 1);
@@ -909,11 +914,7 @@ fn recv_with_a_bad_lkey(f: SoftFabric) {
 fn a_failed_receive_follows_the_ones_before_it(f: SoftFabric) {
     let (mut a, mut b) = pair(f, &Opts::default());
     let net = Net::new(&[&a.cq, &b.cq]);
-    let bad = Sge {
-        addr: b.mr.addr(),
-        length: 64,
-        lkey: b.mr.lkey() + 0x100,
-    };
+    let bad = bad_lkey(&b);
     for (wr_id, sge) in [
         (1, b.mr.sge(0, 64)),
         (2, b.mr.sge(64, 64)),
