@@ -523,6 +523,9 @@ pub(crate) struct Conn {
     lose_next: bool,
     /// Write syscalls made (tests count them).
     writes: u64,
+    /// The receive completions of the frames being handled (empty between `handle_frames`
+    /// runs).
+    batch: DeliveryBatch,
 }
 
 impl Conn {
@@ -551,6 +554,7 @@ impl Conn {
             dead: false,
             lose_next: false,
             writes: 0,
+            batch: DeliveryBatch::default(),
         }
     }
 
@@ -1143,7 +1147,6 @@ pub(crate) fn send_held_ack(qp: &Arc<QpShared>) {
 fn handle_frames(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn) -> bool {
     let mut pos = 0;
     let inb = std::mem::take(&mut conn.inb);
-    let mut batch = DeliveryBatch::default();
     let ok = loop {
         let avail = &inb[pos..conn.in_len];
         let Some(h) = Hdr::decode(avail) else {
@@ -1162,12 +1165,12 @@ fn handle_frames(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn) -> bool {
             break true;
         }
         let payload = &avail[HDR..HDR + len];
-        if !handle(qp, slow, conn, &mut batch, &h, payload) {
+        if !handle(qp, slow, conn, &h, payload) {
             break false;
         }
         pos += HDR + len;
     };
-    batch.finish(qp);
+    conn.batch.finish(qp);
     conn.inb = inb;
     // Keep the unparsed tail at the front.
     conn.inb.copy_within(pos..conn.in_len, 0);
@@ -1175,17 +1178,10 @@ fn handle_frames(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn) -> bool {
     ok
 }
 
-fn handle(
-    qp: &Arc<QpShared>,
-    slow: &mut Slow,
-    conn: &mut Conn,
-    batch: &mut DeliveryBatch,
-    h: &Hdr,
-    payload: &[u8],
-) -> bool {
+fn handle(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) -> bool {
     match h.ty {
         T_SEND | T_SEND_IMM | T_SEND_INV | T_WRITE | T_WRITE_IMM | T_READ_REQ => {
-            respond(qp, slow, conn, batch, h, payload);
+            respond(qp, slow, conn, h, payload);
             true
         }
         T_ACK => {
@@ -1280,14 +1276,7 @@ fn handle(
 }
 
 /// Responder side of one request.
-fn respond(
-    qp: &Arc<QpShared>,
-    slow: &mut Slow,
-    conn: &mut Conn,
-    batch: &mut DeliveryBatch,
-    h: &Hdr,
-    payload: &[u8],
-) {
+fn respond(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) {
     if qp.state() == QpState::Err || !qp.is_live() {
         conn.ctl(T_NAK, h.seq, NAK_DEAD, 0);
         return;
@@ -1380,22 +1369,15 @@ fn respond(
             }
         }
         _ => {
-            batch.begin(qp);
-            deliver(qp, slow, conn, batch, h, payload);
+            conn.batch.begin(qp);
+            deliver(qp, slow, conn, h, payload);
         }
     }
 }
 
-/// An incoming message that consumes a receive (counted as a delivery by `batch`, which holds
-/// its successful completion).
-fn deliver(
-    qp: &Arc<QpShared>,
-    slow: &mut Slow,
-    conn: &mut Conn,
-    batch: &mut DeliveryBatch,
-    h: &Hdr,
-    payload: &[u8],
-) {
+/// An incoming message that consumes a receive (counted as a delivery by the connection's
+/// `batch`, which holds its successful completion).
+fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payload: &[u8]) {
     if qp.state() == QpState::Err {
         conn.ctl(T_NAK, h.seq, NAK_DEAD, 0);
         return;
@@ -1437,9 +1419,9 @@ fn deliver(
         return;
     };
     let src_qp = qp.remote().map_or(0, |r| r.qp_num);
-    let fail = |slow: &mut Slow, conn: &mut Conn, batch: &mut DeliveryBatch, status, nak| {
+    let fail = |slow: &mut Slow, conn: &mut Conn, status, nak| {
         // The batch's earlier successes first: a receive queue's completions keep their order.
-        batch.queue(qp);
+        conn.batch.queue(qp);
         qp.complete_recv(
             WorkCompletion {
                 wr_id: recv_wr_id,
@@ -1454,19 +1436,19 @@ fn deliver(
         qp.enter_err_locked(slow);
     };
     if !resolved {
-        return fail(slow, conn, batch, WcStatus::LocProtErr, NAK_REM_OP);
+        return fail(slow, conn, WcStatus::LocProtErr, NAK_REM_OP);
     }
     if !write && payload.len() as u64 > dst.total() {
-        return fail(slow, conn, batch, WcStatus::LocLenErr, NAK_REM_INV_REQ);
+        return fail(slow, conn, WcStatus::LocLenErr, NAK_REM_INV_REQ);
     }
     let inv = (h.ty == T_SEND_INV).then_some(h.key);
     if let Some(rkey) = inv {
         if !qp.dev().keys.invalidate_rkey(rkey, qp.pd()) {
-            return fail(slow, conn, batch, WcStatus::RemInvReqErr, NAK_REM_OP);
+            return fail(slow, conn, WcStatus::RemInvReqErr, NAK_REM_OP);
         }
     }
     mem::scatter(&dst, payload);
-    batch.complete(
+    conn.batch.complete(
         qp,
         WorkCompletion {
             wr_id: recv_wr_id,
