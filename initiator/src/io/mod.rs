@@ -21,7 +21,9 @@
 //! completion counts until the poll that reaped it started delivering; a poll that finds
 //! nothing reads it for the timeout check only every 64th time. Latency figures are thus exact
 //! to within one pass of the poller (submit batch + delivery); a command can only look older
-//! than it is by its batch's length, and a timeout fires at most 64 idle polls late.
+//! than it is by its batch's length, and a timeout fires at most 64 idle polls late. A poller
+//! stepping many queues reads the clock once per pass for them all and hands that time in
+//! ([`IoQueue::begin_batch_at`], [`IoQueue::poll_lazy_at`]): the same bound, one pass.
 
 use std::time::{Duration, Instant};
 
@@ -214,6 +216,10 @@ impl<Q: HostQueue> IoQueue<Q> {
     pub fn in_flight(&self) -> usize {
         self.cids.in_flight()
     }
+    /// The clock that stamps its commands.
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
     /// Limits.
     pub fn limits(&self) -> IoLimits {
         self.limits
@@ -246,6 +252,12 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// once per pass; the next poll closes the batch.
     pub fn begin_batch(&mut self) {
         self.stamp = Stamp::Batch(None);
+    }
+
+    /// Open a submit batch stamped `now` (a poller's one clock read for its whole pass, shared
+    /// by every queue it steps): as [`IoQueue::begin_batch`], with no clock read of its own.
+    pub fn begin_batch_at(&mut self, now: Instant) {
+        self.stamp = Stamp::Batch(Some(now));
     }
 
     /// Close a submit batch: what it submitted goes on the wire now ([`HostQueue::flush`])
@@ -584,7 +596,7 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// Reap completions; `on_complete` gets each with, for reads, the data read. Returns how
     /// many were delivered. Connection loss is delivered as failed completions, not an error.
     pub fn poll(&mut self, mut on_complete: impl FnMut(IoCompletion, &[u8])) -> usize {
-        self.reap(false, |c, mut data| match data.bytes() {
+        self.reap(false, None, |c, mut data| match data.bytes() {
             Ok(bytes) => on_complete(c, bytes),
             // Not reached: polled eagerly, the data is in the host view already.
             Err(e) => on_complete(
@@ -601,13 +613,25 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// when the callback asks for it ([`ReadData::bytes`]): for a consumer that mostly does
     /// not look at what it read.
     pub fn poll_lazy(&mut self, on_complete: impl FnMut(IoCompletion, ReadData<'_, Q>)) -> usize {
-        self.reap(true, on_complete)
+        self.reap(true, None, on_complete)
     }
 
-    /// `lazy`: the queue leaves read data in its registered region until fetched.
+    /// As [`IoQueue::poll_lazy`], with `now` (the poller's clock read for its pass) as the
+    /// completions' time and the timeout check's: no clock read of its own.
+    pub fn poll_lazy_at(
+        &mut self,
+        now: Instant,
+        on_complete: impl FnMut(IoCompletion, ReadData<'_, Q>),
+    ) -> usize {
+        self.reap(true, Some(now), on_complete)
+    }
+
+    /// `lazy`: the queue leaves read data in its registered region until fetched. `pass_time`:
+    /// the time to use instead of reading the clock.
     fn reap(
         &mut self,
         lazy: bool,
+        pass_time: Option<Instant>,
         mut on_complete: impl FnMut(IoCompletion, ReadData<'_, Q>),
     ) -> usize {
         let mut delivered = 0;
@@ -618,6 +642,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             let mut cqes = std::mem::take(&mut self.cqes);
             // One clock read for the whole poll, and only when something needs it.
             let mut now = None;
+            let read_clock = |clock: &SharedClock| pass_time.unwrap_or_else(|| clock.now());
             let polled = if lazy {
                 self.queue.poll_lazy(&mut cqes)
             } else {
@@ -626,7 +651,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             match polled {
                 Ok(n) => {
                     if n > 0 {
-                        let now = *now.insert(self.clock.now());
+                        let now = *now.insert(read_clock(&self.clock));
                         for cqe in &cqes[..n] {
                             delivered += self.complete_one(cqe, now, !lazy, &mut on_complete);
                         }
@@ -635,15 +660,15 @@ impl<Q: HostQueue> IoQueue<Q> {
                 Err(e) => self.connection_lost(e.to_string()),
             }
             self.cqes = cqes;
-            if now.is_none() {
+            if now.is_none() && pass_time.is_none() {
                 self.idle_polls = self.idle_polls.saturating_add(1);
             }
             if self.lost.is_none()
                 && !self.limits.timeout.is_zero()
-                && (now.is_some() || self.idle_polls >= IDLE_POLLS_PER_CLOCK)
+                && (now.is_some() || pass_time.is_some() || self.idle_polls >= IDLE_POLLS_PER_CLOCK)
             {
                 self.idle_polls = 0;
-                let now = now.unwrap_or_else(|| self.clock.now());
+                let now = now.unwrap_or_else(|| read_clock(&self.clock));
                 if now >= self.next_timeout_scan {
                     // A quarter of the timeout between scans: a command fails at most 25% late.
                     self.next_timeout_scan = now + self.limits.timeout / 4;

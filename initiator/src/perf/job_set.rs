@@ -67,9 +67,12 @@ impl<Q: HostQueue> JobSet<Q> {
             latency_of,
         } = self;
         let mut n = 0;
+        // One clock read per pass for every job it steps (read only if one is stepped).
+        let mut pass_time = None;
         ready.pass(|i| {
             let job = &mut jobs[i];
-            n += job.step_reap_first(&mut latency[latency_of[i]]);
+            let now = *pass_time.get_or_insert_with(|| job.io_queue().clock().now());
+            n += job.step_reap_first(&mut latency[latency_of[i]], now);
             job.wants_step()
         });
         n

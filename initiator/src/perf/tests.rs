@@ -301,3 +301,70 @@ fn a_job_set_reports_every_latency_once_per_namespace() {
         assert_eq!(latencies, ios, "namespace {nsid}");
     }
 }
+
+/// Counts the clock reads of whoever holds it.
+struct CountingClock {
+    inner: crate::clock::VirtualClock,
+    reads: std::sync::atomic::AtomicU64,
+}
+
+impl crate::clock::Clock for CountingClock {
+    fn now(&self) -> std::time::Instant {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.now()
+    }
+    fn idle(&self, d: Duration) {
+        self.inner.idle(d)
+    }
+}
+
+#[test]
+fn a_job_set_reads_the_clock_once_per_pass() {
+    let config = LoopbackConfig {
+        namespaces: vec![NamespaceConfig {
+            blocks: 1024,
+            block_shift: 9,
+        }],
+        ..LoopbackConfig::default()
+    };
+    let mut options = crate::controller::tests::options(&config.subnqn);
+    options.io_queues = 4;
+    options.reconnect = ReconnectPolicy::never();
+    let target = LoopbackTarget::new(config);
+    let clock = Arc::new(CountingClock {
+        inner: crate::clock::VirtualClock::new(),
+        reads: Default::default(),
+    });
+    let mut c = Controller::connect(
+        LoopbackFabric::new(target.clone()),
+        crate::queue::TransportAddress::loopback(),
+        options,
+        clock.clone(),
+    )
+    .unwrap();
+    let progress = Arc::new(Progress::default());
+    let jobs = (0..4)
+        .map(|i| {
+            let ns = c.namespace(1).unwrap().target();
+            let queue = c.take_io_queue(i).unwrap();
+            let depth_one = JobSpec {
+                depth: 1,
+                ..spec(Pattern::RandRead, false)
+            };
+            Job::new(queue, ns, i as u64 * 64, 64, depth_one, 1, progress.clone()).unwrap()
+        })
+        .collect();
+    let mut set = JobSet::new(jobs);
+    let reads = || clock.reads.load(std::sync::atomic::Ordering::Relaxed);
+    let passes = 20;
+    let before = reads();
+    for _ in 0..passes {
+        set.step();
+    }
+    // Four jobs at depth 1, each reaping and submitting every pass: one read per pass, not
+    // two per job and pass.
+    assert_eq!(reads() - before, passes);
+    let ios: u64 = set.jobs().iter().map(|j| j.result().reads).sum();
+    assert!(ios >= 4 * (passes - 1), "{ios} I/O in {passes} passes");
+}
