@@ -147,6 +147,7 @@ impl<R: Default> PollGroup<R> {
             qp, cm_id, generation, depth, read_depth, token,
         ));
         self.tree.insert(QpairNode::new(qp_num, index));
+        self.qpn_cache.fill(qp_num, index);
         let recvs = self.recvs_per_qpair();
         if recvs > 0 {
             // check_room made sure the pool has them; posted at the end of the poll.
@@ -431,6 +432,7 @@ impl<R: Default> PollGroup<R> {
         let qp_num = q.qp_num;
         // 1. Out of the tree first: from here on its receive completions are orphans.
         drop(self.tree.find_mut(&qp_num).remove());
+        self.qpn_cache.remove(qp_num);
         self.draining.retain(|&d| d != qref);
         // 2. Requests still alive: marked aborted and reported; freed by `finish`.
         self.abort_requests(h, qref);

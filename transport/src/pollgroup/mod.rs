@@ -27,6 +27,7 @@ mod lifecycle;
 mod placement;
 mod poll;
 mod qpair;
+mod qpn_cache;
 mod recv;
 mod request;
 mod stats;
@@ -57,6 +58,7 @@ pub use wrid::WrKind;
 use buffers::DataBuffers;
 use fifo::{Fifo, Link};
 use qpair::{QpRef, QpairAdapter, QpairState, live_mut};
+use qpn_cache::QpnCache;
 use recv::RecvSlots;
 
 /// Most completions reaped per poll (the batch is a stack array of this size).
@@ -233,6 +235,8 @@ pub struct PollGroup<R = ()> {
     // Qpairs come first: fields drop in order, and `Drop` destroys every QP before the CQ,
     // SRQ and memory regions below, so no MR is deregistered while a QP that uses it lives.
     tree: RBTree<QpairAdapter>,
+    /// In front of the tree: answers most lookups without a walk (qpn_cache.rs).
+    qpn_cache: QpnCache,
     qpairs: Slab<QpairState>,
     qpair_generation: Box<[u32]>,
     reqs: Slab<request::Request<R>>,
@@ -283,6 +287,8 @@ pub struct PollGroup<R = ()> {
     /// Test fault: the next send post on (qpair index) hands over only this many WRs.
     post_fault: Option<(u32, usize)>,
     tree_lookups: Cell<u64>,
+    /// Lookups the cache did not answer.
+    tree_walks: Cell<u64>,
     stats: PollGroupStats,
     /// Host side, during `Handler::response` only: the rkey the response's SEND_WITH_INV
     /// invalidated here.
@@ -294,6 +300,7 @@ impl<R> Drop for PollGroup<R> {
         // QPs (and their CM ids) before anything they use. (The tree's nodes hold only
         // indices; they go with the tree.)
         self.tree.clear();
+        self.qpn_cache.clear();
         for q in self.qpairs.drain() {
             drop(q);
         }
@@ -367,6 +374,7 @@ impl<R> PollGroup<R> {
         let nq = cfg.max_qpairs as usize;
         let mut pg = PollGroup {
             tree: RBTree::new(QpairAdapter::new()),
+            qpn_cache: QpnCache::new(cfg.max_qpairs),
             qpairs: Slab::with_capacity(nq),
             qpair_generation: vec![0; nq].into_boxed_slice(),
             reqs: Slab::with_capacity(nreq),
@@ -396,6 +404,7 @@ impl<R> PollGroup<R> {
             failed: None,
             post_fault: None,
             tree_lookups: Cell::new(0),
+            tree_walks: Cell::new(0),
             drains_changed: false,
             drain_due: None,
             stats: PollGroupStats::default(),
@@ -483,6 +492,7 @@ impl<R> PollGroup<R> {
     pub fn stats(&self) -> PollGroupStats {
         PollGroupStats {
             tree_lookups: self.tree_lookups.get(),
+            tree_walks: self.tree_walks.get(),
             ..self.stats
         }
     }
@@ -573,10 +583,19 @@ impl<R> PollGroup<R> {
         Ok(())
     }
 
-    /// One RB-tree lookup (counted in stats).
+    /// qp_num -> qpair: the cache, else the RB-tree (both counted in stats).
+    #[inline]
     pub(crate) fn lookup(&self, qp_num: u32) -> Option<QpRef> {
         self.tree_lookups.set(self.tree_lookups.get() + 1);
-        let index = self.tree.find(&qp_num).get()?.index;
+        let index = match self.qpn_cache.get(qp_num) {
+            Some(index) => index,
+            None => {
+                self.tree_walks.set(self.tree_walks.get() + 1);
+                let index = self.tree.find(&qp_num).get()?.index;
+                self.qpn_cache.fill(qp_num, index);
+                index
+            }
+        };
         Some(QpRef {
             index,
             generation: self.qpair_generation[index as usize],

@@ -1005,6 +1005,39 @@ mod tests {
     }
 
     #[test]
+    fn a_gone_qpairs_number_never_finds_the_qpair_that_took_its_place() {
+        let (mut pg, first) = group("qpn_cache");
+        let mut h = Record::default();
+        let index = pg.lookup(first).unwrap().index;
+        // Added qpairs are in the cache: their lookups walk no tree.
+        assert_eq!(pg.stats().tree_walks, 0);
+        pg.destroy_qpair(&mut h, first);
+        let qp = pg.create_qp().unwrap();
+        let second = pg.add_qp(qp, 4, 4, 0).unwrap();
+        assert_ne!(first, second);
+        assert_eq!(
+            pg.lookup(second).unwrap().index,
+            index,
+            "the slab slot is reused"
+        );
+        assert_eq!(pg.stats().tree_walks, 0);
+        // The gone number misses the cache and the tree: its completions are orphans.
+        assert!(pg.lookup(first).is_none());
+        assert_eq!(pg.stats().tree_walks, 1);
+        let recv = WorkCompletion {
+            wr_id: wrid::recv(3),
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            qp_num: first,
+            byte_len: 64,
+            ..WorkCompletion::default()
+        };
+        let orphans = pg.stats().orphans;
+        pg.dispatch(&mut h, &recv);
+        assert_eq!(pg.stats().orphans, orphans + 1);
+    }
+
+    #[test]
     fn a_slot_is_never_posted_twice() {
         let (mut pg, _) = group("slots");
         let mut h = Record::default();

@@ -28,8 +28,10 @@ pub struct PollGroupStats {
     pub drained_last_wqe: u64,
     pub drained_flush: u64,
     pub drained_timeout: u64,
-    /// RB-tree lookups (qp_num -> qpair): one per receive completion, plus control-path calls.
+    /// qp_num -> qpair lookups: one per receive completion, plus control-path calls.
     pub tree_lookups: u64,
+    /// Those of them that walked the RB-tree (its cache in front did not hold the qp_num).
+    pub tree_walks: u64,
     /// Completions dropped because their request or qpair generation was stale (the object
     /// was reused or is gone).
     pub stale_completions: u64,
