@@ -100,6 +100,23 @@ pub(crate) fn prefetch(addr: *const u8) {
     let _ = addr;
 }
 
+/// Ask the CPU to start taking the cache line at `addr` for writing (PREFETCHW): a sender
+/// about to copy a message into a buffer the peer's core last read issues it when it learns
+/// the buffer, so the line's ownership moves while it does the checks before the copy, not
+/// at the next locked instruction after it (which waits for the copy's stores). A hint, as
+/// [`prefetch`]: no fault at any address, nothing the program sees.
+#[inline(always)]
+pub(crate) fn prefetch_write(addr: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHW (0F 0D /1) touches no architectural state and does not fault on any
+    // address; CPUs without it (no 3DNowPrefetch/PRFCHW) execute it as a NOP.
+    unsafe {
+        core::arch::asm!("prefetchw [{}]", in(reg) addr, options(nostack, preserves_flags, readonly));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
 /// `MrOps::read_at`: copy out of the region `base..base + size` at `offset`, bounds-checked.
 ///
 /// # Safety

@@ -382,6 +382,10 @@ fn deliver<'a>(
     }
     // The receive is used in place (a callback: no move of the entry out of the queue).
     let consumed = peer.pop_recv_with(|recv_wr_id, recv_sges| {
+        if let (None, Some(first)) = (write, recv_sges.first()) {
+            // Before the receive's checks: the buffer's line comes over meanwhile.
+            crate::shared_mem::prefetch_write(first.addr as usize as *const u8);
+        }
         let fail_recv = |status: WcStatus| {
             // After the list's earlier completions of this receive queue (their order).
             scope.queue_completions();
