@@ -22,6 +22,17 @@ fn spec(pattern: Pattern, verify: bool) -> JobSpec {
     }
 }
 
+/// A loopback target with one namespace of `blocks` 512-byte blocks.
+fn one_namespace(blocks: u64) -> LoopbackConfig {
+    LoopbackConfig {
+        namespaces: vec![NamespaceConfig {
+            blocks,
+            block_shift: 9,
+        }],
+        ..LoopbackConfig::default()
+    }
+}
+
 fn controller(io_queues: u16) -> (LoopbackTarget, Controller<LoopbackFabric>) {
     let config = LoopbackConfig {
         namespaces: vec![
@@ -200,13 +211,7 @@ fn a_short_run_on_two_reactors_reports_every_namespace() {
 
 #[test]
 fn a_run_goes_on_over_fresh_queues_after_a_reconnect() {
-    let config = LoopbackConfig {
-        namespaces: vec![NamespaceConfig {
-            blocks: 2048,
-            block_shift: 9,
-        }],
-        ..LoopbackConfig::default()
-    };
+    let config = one_namespace(2048);
     let (target, c, _) = attach(config, |o| {
         o.io_queues = 2;
         o.reconnect = ReconnectPolicy {
@@ -321,13 +326,7 @@ impl crate::clock::Clock for CountingClock {
 
 #[test]
 fn a_job_set_reads_the_clock_once_per_pass() {
-    let config = LoopbackConfig {
-        namespaces: vec![NamespaceConfig {
-            blocks: 1024,
-            block_shift: 9,
-        }],
-        ..LoopbackConfig::default()
-    };
+    let config = one_namespace(1024);
     let mut options = crate::controller::tests::options(&config.subnqn);
     options.io_queues = 4;
     options.reconnect = ReconnectPolicy::never();
