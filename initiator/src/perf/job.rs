@@ -184,7 +184,7 @@ impl<Q: HostQueue> Job<Q> {
     /// Fill the queue, reap completions; returns the completions handled. (A transport that
     /// completes at submit, the loopback, reports the submissions of a step in that step.)
     pub fn step(&mut self) -> usize {
-        self.refill();
+        self.refill(None);
         self.reap(None)
     }
 
@@ -198,18 +198,18 @@ impl<Q: HostQueue> Job<Q> {
     /// completions handled.
     pub fn step_reap_first(&mut self, latency: &mut Histogram<u64>, now: Instant) -> usize {
         let n = self.reap(Some((latency, now)));
-        if !self.stopping && self.queue.is_connected() {
-            self.queue.begin_batch_at(now);
-            self.submit_some();
-            self.queue.end_batch();
-        }
+        self.refill(Some(now));
         n
     }
 
-    fn refill(&mut self) {
+    /// `at`: the pass's time (else the refill reads the clock once for all it submits).
+    fn refill(&mut self, at: Option<Instant>) {
         if !self.stopping && self.queue.is_connected() {
             // One clock read for the whole refill (the latency resolution is one pass).
-            self.queue.begin_batch();
+            match at {
+                Some(now) => self.queue.begin_batch_at(now),
+                None => self.queue.begin_batch(),
+            }
             self.submit_some();
             // On the wire now, not at the next poll.
             self.queue.end_batch();
