@@ -185,7 +185,7 @@ impl<Q: HostQueue> Job<Q> {
     /// completes at submit, the loopback, reports the submissions of a step in that step.)
     pub fn step(&mut self) -> usize {
         self.refill(None);
-        self.reap(None)
+        self.reap(None, None)
     }
 
     /// Reap completions, then refill the queue, so a completion's slot is reused in the same
@@ -197,7 +197,7 @@ impl<Q: HostQueue> Job<Q> {
     /// histogram for this job's namespace), not to the job's own result. Returns the
     /// completions handled.
     pub fn step_reap_first(&mut self, latency: &mut Histogram<u64>, now: Instant) -> usize {
-        let n = self.reap(Some((latency, now)));
+        let n = self.reap(Some(latency), Some(now));
         self.refill(Some(now));
         n
     }
@@ -218,12 +218,12 @@ impl<Q: HostQueue> Job<Q> {
 
     /// Reaps the queue's completions into the results, their latencies into `shared_latency`
     /// if given (else the result's own histogram); returns how many.
-    /// With `shared`: the histogram and the pass's time (see [`Job::step_reap_first`]).
-    fn reap(&mut self, shared: Option<(&mut Histogram<u64>, Instant)>) -> usize {
-        let (mut shared_latency, pass_time) = match shared {
-            Some((histogram, now)) => (Some(histogram), Some(now)),
-            None => (None, None),
-        };
+    /// `pass_time`: the poller's time for this pass (see [`Job::step_reap_first`]).
+    fn reap(
+        &mut self,
+        mut shared_latency: Option<&mut Histogram<u64>>,
+        pass_time: Option<Instant>,
+    ) -> usize {
         let (before_ios, before_bytes) =
             (self.result.reads + self.result.writes, self.result.bytes);
         let bs = self.ns.block_size as usize;
