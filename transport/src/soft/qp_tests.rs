@@ -14,6 +14,7 @@ both_fabrics!(
     bad_rkey_write,
     bad_rkey_read_bounds_access,
     wrong_lkey,
+    wrong_lkey_on_a_large_payload,
     srq_many_qps_one_cq,
     flush_on_error,
     last_wqe_on,
@@ -318,6 +319,79 @@ fn wrong_lkey(f: SoftFabric) {
     )])
     .unwrap();
     assert_eq!(net.wait(&a.cq, 1)[0].status, WcStatus::LocProtErr);
+}
+
+/// Payloads of a KiB or more, which soft TCP writes straight from registered memory (its
+/// flush pins them again): every bad key still fails the WR locally, and good ones arrive
+/// whole, two spans in one write.
+fn wrong_lkey_on_a_large_payload(f: SoftFabric) {
+    const LEN: u32 = 2048;
+    let opts = Opts {
+        mr_len: 8192,
+        ..Opts::default()
+    };
+    let sge = |lkey: u32, offset: u64, length: u32, mr: &SoftMr| Sge {
+        addr: mr.addr() + offset,
+        length,
+        lkey,
+    };
+    // A wrong lkey, a range past the region's end, the rkey given as an lkey.
+    for case in 0..3 {
+        let (mut a, mut b) = pair(f, &opts);
+        let net = Net::new(&[&a.cq, &b.cq]);
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 1,
+            sges: &[b.mr.sge(0, 4096)],
+        }])
+        .unwrap();
+        let bad = match case {
+            0 => sge(a.mr.lkey() + (100 << 8), 0, LEN, &a.mr),
+            1 => sge(a.mr.lkey(), 8192 - 1024, LEN, &a.mr),
+            _ => sge(a.mr.rkey(), 0, LEN, &a.mr),
+        };
+        a.qp.post_send(&[
+            send_wr(1, SendOp::Send, &[bad], SendFlags::SIGNALED),
+            send_wr(2, SendOp::Send, &[a.mr.sge(0, LEN)], SendFlags::SIGNALED),
+        ])
+        .unwrap();
+        let c: Vec<_> = net
+            .wait(&a.cq, 2)
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect();
+        let want = [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)];
+        assert_eq!(c, want, "case {case}");
+        assert_eq!(a.qp.state(), QpState::Err, "case {case}");
+    }
+    // Two good ones in one list (two spans in one write), bytes intact.
+    let (mut a, mut b) = pair(f, &opts);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    for i in 0..2u64 {
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 10 + i,
+            sges: &[b.mr.sge(4096 * i as usize, 4096)],
+        }])
+        .unwrap();
+    }
+    let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 7 + 3) as u8).collect();
+    a.mr.write_at(0, &pattern).unwrap();
+    let (first, second) = ([a.mr.sge(0, LEN)], [a.mr.sge(4096, 4096)]);
+    a.qp.post_send(&[
+        send_wr(1, SendOp::Send, &first, SendFlags::SIGNALED),
+        send_wr(2, SendOp::Send, &second, SendFlags::SIGNALED),
+    ])
+    .unwrap();
+    let sent: Vec<_> = net.wait(&a.cq, 2).iter().map(|c| c.status).collect();
+    assert_eq!(sent, [WcStatus::Success; 2]);
+    let got: Vec<_> = net
+        .wait(&b.cq, 2)
+        .iter()
+        .map(|c| (c.wr_id, c.byte_len))
+        .collect();
+    assert_eq!(got, [(10, LEN), (11, 4096)]);
+    let len = LEN as usize;
+    assert_eq!(b.mr.read_vec(0..len).unwrap(), &pattern[..len]);
+    assert_eq!(b.mr.read_vec(4096..8192).unwrap(), &pattern[4096..]);
 }
 
 fn srq_many_qps_one_cq(f: SoftFabric) {
