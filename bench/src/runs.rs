@@ -57,7 +57,8 @@ pub fn wire(common: &Common, window: u32, send_size: u32, write_size: u32) -> Re
             Op::Write { size: write_size },
         ),
     ];
-    for _ in 0..common.runs.max(1) {
+    for round in 0..common.runs.max(1) {
+        common.pause_before(round);
         for (name, op) in &cases {
             let rate = wire::measure(&WireSpec {
                 op: *op,
@@ -121,7 +122,8 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
     let fabric = RdmaFabric::new("soft", None).context("in-process fabric")?;
     let address = host::address("soft", target.addr);
     let mut c = Collector::default();
-    for _ in 0..common.runs.max(1) {
+    for round in 0..common.runs.max(1) {
+        common.pause_before(round);
         for w in workloads {
             let pattern = pattern(w)?;
             for &depth in depths {
@@ -205,7 +207,8 @@ pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Res
     let perf = target::sibling_binary("nvmf-perf")?;
     let mut c = Collector::default();
     let seconds = common.seconds.max(1.0).round() as u64;
-    for _ in 0..common.runs.max(1) {
+    for round in 0..common.runs.max(1) {
+        common.pause_before(round);
         for &depth in depths {
             let limit = tcp_limit::measure(
                 depth,
@@ -322,6 +325,7 @@ pub fn qpairs(
     let mut c = Collector::default();
     let rss_before = rss()?;
     for round in 0..common.runs.max(1) {
+        common.pause_before(round);
         for &asked in counts {
             let count = io_qpairs(asked);
             let controllers_used = count.div_ceil(host::QUEUES_PER_CONTROLLER);
