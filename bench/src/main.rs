@@ -41,7 +41,7 @@ pub struct Common {
     seconds: f64,
     /// Seconds to wait before each run after the first: spreads the runs over the machine's
     /// minute-long fast and slow stretches, as SPDK's reference figure for soft TCP was taken
-    /// (10 runs in 15 minutes: `tcp --depths 32 --runs 10 --pause 86`).
+    /// (10 runs in 15 minutes: `tcp --depths 32 --runs 10 --pause 80`).
     #[arg(long, default_value_t = 0.0, value_parser = seconds)]
     pause: f64,
     /// Core of the target (wire: the requester).
