@@ -24,6 +24,11 @@ struct Slot {
     index: u32,
 }
 
+const VACANT: Slot = Slot {
+    qp_num: EMPTY,
+    index: 0,
+};
+
 /// Interior mutability: a lookup (`&self`, as the group's other readers) fills it.
 pub(crate) struct QpnCache {
     slots: Box<[Cell<Slot>]>,
@@ -37,14 +42,7 @@ impl QpnCache {
             .next_power_of_two()
             .min(MAX_SLOTS);
         QpnCache {
-            slots: (0..len)
-                .map(|_| {
-                    Cell::new(Slot {
-                        qp_num: EMPTY,
-                        index: 0,
-                    })
-                })
-                .collect(),
+            slots: (0..len).map(|_| Cell::new(VACANT)).collect(),
             mask: len as u32 - 1,
         }
     }
@@ -67,21 +65,13 @@ impl QpnCache {
     pub(crate) fn remove(&mut self, qp_num: u32) {
         let slot = &self.slots[(qp_num & self.mask) as usize];
         if slot.get().qp_num == qp_num {
-            slot.set(Slot {
-                qp_num: EMPTY,
-                index: 0,
-            });
+            slot.set(VACANT);
         }
     }
 
     /// Every mapping gone (the tree was cleared).
     pub(crate) fn clear(&mut self) {
-        self.slots.iter().for_each(|s| {
-            s.set(Slot {
-                qp_num: EMPTY,
-                index: 0,
-            })
-        });
+        self.slots.iter().for_each(|s| s.set(VACANT));
     }
 }
 
