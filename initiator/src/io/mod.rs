@@ -640,9 +640,9 @@ impl<Q: HostQueue> IoQueue<Q> {
             // The queue's own buffer (taken out for the poll, no allocation): no array of
             // CQEs to initialise per poll.
             let mut cqes = std::mem::take(&mut self.cqes);
-            // One clock read for the whole poll, and only when something needs it.
-            let mut now = None;
-            let read_clock = |clock: &SharedClock| pass_time.unwrap_or_else(|| clock.now());
+            // The pass's time if the poller gave one; else one clock read for the whole poll,
+            // and only when something needs it.
+            let mut now = pass_time;
             let polled = if lazy {
                 self.queue.poll_lazy(&mut cqes)
             } else {
@@ -651,7 +651,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             match polled {
                 Ok(n) => {
                     if n > 0 {
-                        let now = *now.insert(read_clock(&self.clock));
+                        let now = *now.get_or_insert_with(|| self.clock.now());
                         for cqe in &cqes[..n] {
                             delivered += self.complete_one(cqe, now, !lazy, &mut on_complete);
                         }
@@ -660,15 +660,15 @@ impl<Q: HostQueue> IoQueue<Q> {
                 Err(e) => self.connection_lost(e.to_string()),
             }
             self.cqes = cqes;
-            if now.is_none() && pass_time.is_none() {
+            if now.is_none() {
                 self.idle_polls = self.idle_polls.saturating_add(1);
             }
             if self.lost.is_none()
                 && !self.limits.timeout.is_zero()
-                && (now.is_some() || pass_time.is_some() || self.idle_polls >= IDLE_POLLS_PER_CLOCK)
+                && (now.is_some() || self.idle_polls >= IDLE_POLLS_PER_CLOCK)
             {
                 self.idle_polls = 0;
-                let now = now.unwrap_or_else(|| read_clock(&self.clock));
+                let now = now.unwrap_or_else(|| self.clock.now());
                 if now >= self.next_timeout_scan {
                     // A quarter of the timeout between scans: a command fails at most 25% late.
                     self.next_timeout_scan = now + self.limits.timeout / 4;
