@@ -135,7 +135,8 @@ enum Cmd {
     },
     /// Connected I/O qpairs on one target reactor at one total queue depth: IOPS and resident
     /// memory. With more qpairs than the total depth, that many carry I/O at depth 1 and the
-    /// rest stay connected and idle.
+    /// rest stay connected and idle. Over TCP, before each case, the kernel's loopback TCP
+    /// limit for the same bytes over as many connections as the case has busy qpairs.
     Qpairs {
         #[command(flatten)]
         common: Common,

@@ -316,12 +316,6 @@ pub fn qpairs(
         Ok(target::rss_kib(&pid)? as f64 / 1024.0)
     };
     let address = host::address(transport, addr);
-    let runtime = Runtime::start(
-        RuntimeConfig::new([common.host_core])
-            .pin(common.pin())
-            .idle_after(Duration::MAX),
-    )
-    .context("host reactor")?;
     let mut c = Collector::default();
     let rss_before = rss()?;
     for round in 0..common.runs.max(1) {
@@ -331,6 +325,30 @@ pub fn qpairs(
             let controllers_used = count.div_ceil(host::QUEUES_PER_CONTROLLER);
             let active = count.min(total_depth).max(1);
             let depth = (total_depth / active).max(1);
+            // Over TCP, the kernel's own ceiling for this case's busy connections first.
+            let limit = match daemon {
+                Some(_) => Some(
+                    tcp_limit::measure_connections(
+                        active,
+                        depth,
+                        common.duration(),
+                        common.target_core,
+                        common.host_core,
+                        common.pin(),
+                    )
+                    .with_context(|| {
+                        format!("loopback TCP limit, {active} connections x QD {depth}")
+                    })?,
+                ),
+                None => None,
+            };
+            // Started after the limit: its busy-polling reactor would share the limit's core.
+            let runtime = Runtime::start(
+                RuntimeConfig::new([common.host_core])
+                    .pin(common.pin())
+                    .idle_after(Duration::MAX),
+            )
+            .context("host reactor")?;
             // All the host's queues share one host poll group: size it for this case (a
             // fresh fabric per case, since a group's size is fixed when it is made).
             let fabric = RdmaFabric::new(transport, None)
@@ -359,6 +377,7 @@ pub fn qpairs(
             for mut ctrl in controllers {
                 let _ = ctrl.shutdown();
             }
+            runtime.stop().map_err(|e| anyhow::anyhow!("{e}"))?;
             if !report.passed() {
                 bail!("{count} qpairs: {:?}", report.errors);
             }
@@ -368,6 +387,9 @@ pub fn qpairs(
             );
             c.add(&case, "IOPS", report.total.iops);
             c.add(&case, "avg us", report.total.avg_us);
+            if let Some(limit) = limit {
+                c.add(&case, "% of limit", 100.0 * report.total.iops / limit.iops);
+            }
             if let Some(percent) = target_busy {
                 c.add(&case, "target busy %", percent);
                 c.add(
@@ -387,9 +409,14 @@ pub fn qpairs(
                     (connected_rss - rss_before) * 1024.0 / (count + controllers_used) as f64,
                 );
             }
+            if let Some(limit) = limit {
+                let plural = if active == 1 { "" } else { "s" };
+                let case = format!("{TCP_LIMIT}, {active} connection{plural} x QD {depth}");
+                c.add(&case, "IOPS", limit.iops);
+                c.add(&case, "avg us", limit.avg_us);
+            }
         }
     }
-    runtime.stop().map_err(|e| anyhow::anyhow!("{e}"))?;
     if let Some(t) = inproc {
         t.stop()?;
     }
@@ -404,6 +431,19 @@ pub fn qpairs(
     };
     let notes = |rss_note: String| {
         let mut notes = vec![rss_note];
+        if fabric_name == "tcp" {
+            notes.push(format!(
+                "{TCP_LIMIT}: the kernel's loopback TCP alone moving the case's bytes (commands \
+                 of {} bytes, answers of {}) over as many connections as the case has busy \
+                 qpairs, each at the case's depth, both sides' threads on the same cores \
+                 finding their ready connections through edge-triggered epoll polled with a \
+                 zero timeout (as soft TCP's CQs do), one read run and one write per ready \
+                 connection and pass; idle connections are left out (they raise no event). % \
+                 of limit: IOPS / that limit in the same run.",
+                tcp_limit::COMMAND,
+                tcp_limit::ANSWER
+            ));
+        }
         if fabric_name == "inproc" {
             notes.push(format!(
                 "{BUSY_NOTE} IOPS / target busy: what the target reactor would carry busy all \

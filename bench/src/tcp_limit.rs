@@ -11,6 +11,11 @@
 //! The figure bounds (c) from above: nvmf-tgt and nvmf-perf move these same bytes and do their
 //! protocol work besides. The kernel copies every byte twice (into the socket, out of it) and
 //! on loopback the sender's core also runs the receiving side's TCP processing.
+//!
+//! [`measure_connections`] is (e)'s ceiling over TCP: the same bytes over many connections
+//! (one per qpair, as soft TCP carries each QP on its own), `depth` I/Os in flight on each,
+//! both sides finding their ready connections through edge-triggered epoll polled with a zero
+//! timeout, as the soft TCP fabric's CQs do.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -18,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use mio::{Events, Interest, Poll, Token};
 
 /// Soft TCP frame header (transport/src/soft/tcp.rs).
 const FRAME_HEADER: usize = 32;
@@ -40,11 +46,12 @@ pub struct Limit {
     /// Answers completed per second in the measured window.
     pub iops: f64,
     /// Average microseconds from a command's write to its answer's read (by Little's law:
-    /// `depth` I/Os always in flight).
+    /// every I/O slot always in flight).
     pub avg_us: f64,
 }
 
-/// The loopback limit at `depth` I/Os in flight, measured for `duration` after a warm-up.
+/// The loopback limit at `depth` I/Os in flight on one connection polled directly, measured
+/// for `duration` after a warm-up.
 pub fn measure(
     depth: usize,
     duration: Duration,
@@ -55,6 +62,45 @@ pub fn measure(
     if depth == 0 {
         bail!("depth 0: nothing would be in flight");
     }
+    let cores = (target_core, host_core, pin);
+    run_pair(
+        1,
+        cores,
+        |streams, stop| serve(&streams[0], depth, stop),
+        |streams| issue(&streams[0], depth, duration),
+    )
+}
+
+/// The loopback limit over `connections` connections with `depth` I/Os in flight on each,
+/// both sides polling epoll for the ready ones, measured for `duration` after a warm-up.
+pub fn measure_connections(
+    connections: usize,
+    depth: usize,
+    duration: Duration,
+    target_core: usize,
+    host_core: usize,
+    pin: bool,
+) -> Result<Limit> {
+    if connections == 0 || depth == 0 {
+        bail!("{connections} connections x depth {depth}: nothing would be in flight");
+    }
+    let cores = (target_core, host_core, pin);
+    run_pair(
+        connections,
+        cores,
+        |streams, stop| serve_many(streams, depth, stop),
+        |streams| issue_many(streams, depth, duration),
+    )
+}
+
+/// Runs the target's side (`serve`, on its own thread) and the host's (`issue`, on this one)
+/// over `connections` loopback connections; the host's result is the figure.
+fn run_pair(
+    connections: usize,
+    (target_core, host_core, pin): (usize, usize, bool),
+    serve: impl FnOnce(Vec<TcpStream>, &AtomicBool) -> Result<()> + Send,
+    issue: impl FnOnce(Vec<TcpStream>) -> Result<Limit>,
+) -> Result<Limit> {
     let listener =
         TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding a loopback port")?;
     let addr = listener.local_addr()?;
@@ -63,17 +109,36 @@ pub fn measure(
         let stop = &stop;
         let target = scope.spawn(move || -> Result<()> {
             super::wire::pin(target_core, pin);
-            let (stream, _) = listener
-                .accept()
-                .context("accepting the host's connection")?;
-            answer(stream, depth, stop)
+            let mut streams = Vec::with_capacity(connections);
+            for _ in 0..connections {
+                let (stream, _) = listener
+                    .accept()
+                    .context("accepting the host's connection")?;
+                streams.push(stream);
+            }
+            // An error once the host is done is its close.
+            match serve(streams, stop) {
+                Err(_) if stop.load(Ordering::Relaxed) => Ok(()),
+                other => other,
+            }
         });
         let result = (|| {
             super::wire::pin(host_core, pin);
-            let stream = TcpStream::connect(addr).context("connecting over loopback")?;
-            let limit = issue(&stream, depth, duration);
-            // Before the close: the target takes the reset that follows as the end.
+            let mut streams = Vec::with_capacity(connections);
+            for _ in 0..connections {
+                streams.push(TcpStream::connect(addr).context("connecting over loopback")?);
+            }
+            // `issue` closes what it is given when it returns: these copies keep the
+            // connections open until `stop` is set, so that the target takes the close that
+            // follows as the end.
+            let open = streams
+                .iter()
+                .map(TcpStream::try_clone)
+                .collect::<std::io::Result<Vec<_>>>()
+                .context("duplicating a connection")?;
+            let limit = issue(streams);
             stop.store(true, Ordering::Relaxed);
+            drop(open);
             limit
         })();
         stop.store(true, Ordering::Relaxed);
@@ -93,7 +158,7 @@ fn prepare(stream: &TcpStream) -> Result<()> {
 }
 
 /// Bytes read into `buf`: 0 when nothing is there yet; an error when the peer closed.
-fn read_some(mut stream: &TcpStream, buf: &mut [u8]) -> Result<usize> {
+fn read_some(mut stream: impl Read, buf: &mut [u8]) -> Result<usize> {
     match stream.read(buf) {
         Ok(0) => bail!("the peer closed the connection"),
         Ok(n) => Ok(n),
@@ -103,7 +168,7 @@ fn read_some(mut stream: &TcpStream, buf: &mut [u8]) -> Result<usize> {
 }
 
 /// Writes up to `owed` bytes from `data` (repeated as needed); returns what was written.
-fn write_some(mut stream: &TcpStream, data: &[u8], owed: usize) -> Result<usize> {
+fn write_some(mut stream: impl Write, data: &[u8], owed: usize) -> Result<usize> {
     let len = owed.min(data.len());
     if len == 0 {
         return Ok(0);
@@ -115,15 +180,73 @@ fn write_some(mut stream: &TcpStream, data: &[u8], owed: usize) -> Result<usize>
     }
 }
 
-/// The target's side: reads commands, writes their answers, until `stop` (set before the host
-/// closes: an error after it is the close).
-fn answer(stream: TcpStream, depth: usize, stop: &AtomicBool) -> Result<()> {
-    match serve(&stream, depth, stop) {
-        Err(_) if stop.load(Ordering::Relaxed) => Ok(()),
-        other => other,
+/// A side's watch on its peer: a pass that moved bytes is progress; none for [`STALL`] is an
+/// error naming what did not come.
+struct Progress {
+    last: Instant,
+    awaited: &'static str,
+}
+
+impl Progress {
+    fn new(awaited: &'static str) -> Progress {
+        Progress {
+            last: Instant::now(),
+            awaited,
+        }
+    }
+
+    /// Whether the pass moved bytes; an error when none moved for too long.
+    fn pass(&mut self, moved: usize) -> Result<bool> {
+        if moved > 0 {
+            self.last = Instant::now();
+            Ok(true)
+        } else if self.last.elapsed() > STALL {
+            bail!("no {} for {STALL:?}", self.awaited)
+        } else {
+            Ok(false)
+        }
     }
 }
 
+/// The host's count: a warm-up, then `duration` of answers counted.
+struct Window {
+    start: Instant,
+    duration: Duration,
+    /// When the counted part began and the answers done by then.
+    counting: Option<(Instant, u64)>,
+    /// I/O slots always in flight (for the average by Little's law).
+    in_flight: usize,
+}
+
+impl Window {
+    fn new(duration: Duration, in_flight: usize) -> Window {
+        Window {
+            start: Instant::now(),
+            duration,
+            counting: None,
+            in_flight,
+        }
+    }
+
+    /// After a pass with `done` answers in all: the figure once the window is over.
+    fn after(&mut self, done: u64) -> Option<Limit> {
+        let now = self.start.elapsed();
+        match self.counting {
+            None if now >= WARMUP => self.counting = Some((Instant::now(), done)),
+            Some((t0, first)) if now >= WARMUP + self.duration => {
+                let iops = (done - first) as f64 / t0.elapsed().as_secs_f64();
+                return Some(Limit {
+                    iops,
+                    avg_us: self.in_flight as f64 / iops * 1e6,
+                });
+            }
+            _ => {}
+        }
+        None
+    }
+}
+
+/// The target's side on one connection: reads commands, writes their answers, until `stop`.
 fn serve(stream: &TcpStream, depth: usize, stop: &AtomicBool) -> Result<()> {
     prepare(stream)?;
     let mut inbound = vec![0u8; TARGET_READ];
@@ -131,7 +254,7 @@ fn serve(stream: &TcpStream, depth: usize, stop: &AtomicBool) -> Result<()> {
     let answers: Vec<u8> = (0..depth * ANSWER).map(|i| i as u8).collect();
     let mut command_bytes = 0usize;
     let mut owed = 0usize;
-    let mut last_progress = Instant::now();
+    let mut progress = Progress::new("command from the host");
     while !stop.load(Ordering::Relaxed) {
         let got = read_some(stream, &mut inbound)?;
         command_bytes += got;
@@ -139,16 +262,12 @@ fn serve(stream: &TcpStream, depth: usize, stop: &AtomicBool) -> Result<()> {
         command_bytes %= COMMAND;
         let wrote = write_some(stream, &answers, owed)?;
         owed -= wrote;
-        if got + wrote > 0 {
-            last_progress = Instant::now();
-        } else if last_progress.elapsed() > STALL {
-            bail!("no command from the host for {STALL:?}");
-        }
+        progress.pass(got + wrote)?;
     }
     Ok(())
 }
 
-/// The host's side: keeps `depth` commands in flight and counts answers.
+/// The host's side on one connection: keeps `depth` commands in flight and counts answers.
 fn issue(stream: &TcpStream, depth: usize, duration: Duration) -> Result<Limit> {
     prepare(stream)?;
     let mut inbound = vec![0u8; HOST_READ];
@@ -156,9 +275,8 @@ fn issue(stream: &TcpStream, depth: usize, duration: Duration) -> Result<Limit> 
     let mut owed = depth * COMMAND;
     let mut answer_bytes = 0usize;
     let mut done = 0u64;
-    let start = Instant::now();
-    let mut measured: Option<(Instant, u64)> = None;
-    let mut last_progress = start;
+    let mut window = Window::new(duration, depth);
+    let mut progress = Progress::new("answer from the target");
     loop {
         let wrote = write_some(stream, &commands, owed)?;
         owed -= wrote;
@@ -168,22 +286,136 @@ fn issue(stream: &TcpStream, depth: usize, duration: Duration) -> Result<Limit> 
         answer_bytes %= ANSWER;
         done += answered as u64;
         owed += answered * COMMAND;
-        if got + wrote > 0 {
-            last_progress = Instant::now();
-            let now = start.elapsed();
-            match measured {
-                None if now >= WARMUP => measured = Some((Instant::now(), done)),
-                Some((t0, first)) if now >= WARMUP + duration => {
-                    let iops = (done - first) as f64 / t0.elapsed().as_secs_f64();
-                    return Ok(Limit {
-                        iops,
-                        avg_us: depth as f64 / iops * 1e6,
-                    });
-                }
-                _ => {}
+        if progress.pass(got + wrote)? {
+            if let Some(limit) = window.after(done) {
+                return Ok(limit);
             }
-        } else if last_progress.elapsed() > STALL {
-            bail!("no answer from the target for {STALL:?}");
+        }
+    }
+}
+
+/// One side's connections, each registered for edge-triggered readiness under its index.
+struct Ready {
+    poll: Poll,
+    events: Events,
+    streams: Vec<mio::net::TcpStream>,
+}
+
+impl Ready {
+    fn new(streams: Vec<TcpStream>) -> Result<Ready> {
+        let poll = Poll::new().context("epoll")?;
+        let mut registered = Vec::with_capacity(streams.len());
+        for (index, stream) in streams.into_iter().enumerate() {
+            prepare(&stream)?;
+            let mut stream = mio::net::TcpStream::from_std(stream);
+            poll.registry()
+                .register(
+                    &mut stream,
+                    Token(index),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+                .context("registering a connection")?;
+            registered.push(stream);
+        }
+        Ok(Ready {
+            poll,
+            events: Events::with_capacity(registered.len()),
+            streams: registered,
+        })
+    }
+
+    /// Indexes of the connections with a readiness event since the last call (no wait).
+    fn poll(&mut self, ready: &mut Vec<usize>) -> Result<()> {
+        ready.clear();
+        match self.poll.poll(&mut self.events, Some(Duration::ZERO)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(e).context("epoll_wait"),
+        }
+        ready.extend(self.events.iter().map(|event| event.token().0));
+        Ok(())
+    }
+
+    /// Bytes read from connection `index` until a short read (edge-triggered: what arrives
+    /// later raises a new event).
+    fn drain(&self, index: usize, buf: &mut [u8]) -> Result<usize> {
+        let mut total = 0;
+        loop {
+            let got = read_some(&self.streams[index], buf)?;
+            total += got;
+            if got < buf.len() {
+                return Ok(total);
+            }
+        }
+    }
+}
+
+/// The target's side over many connections: each ready connection's commands read and their
+/// answers written in one write (what the socket does not take waits for its write event).
+fn serve_many(streams: Vec<TcpStream>, depth: usize, stop: &AtomicBool) -> Result<()> {
+    let mut ready = Ready::new(streams)?;
+    let count = ready.streams.len();
+    let mut inbound = vec![0u8; TARGET_READ];
+    let answers: Vec<u8> = (0..depth * ANSWER).map(|i| i as u8).collect();
+    let mut command_bytes = vec![0usize; count];
+    let mut owed = vec![0usize; count];
+    let mut indexes = Vec::with_capacity(count);
+    let mut progress = Progress::new("command from the host");
+    while !stop.load(Ordering::Relaxed) {
+        ready.poll(&mut indexes)?;
+        let mut moved = 0;
+        for &index in &indexes {
+            let got = ready.drain(index, &mut inbound)?;
+            command_bytes[index] += got;
+            owed[index] += command_bytes[index] / COMMAND * ANSWER;
+            command_bytes[index] %= COMMAND;
+            let wrote = write_some(&ready.streams[index], &answers, owed[index])?;
+            owed[index] -= wrote;
+            moved += got + wrote;
+        }
+        progress.pass(moved)?;
+    }
+    Ok(())
+}
+
+/// The host's side over many connections: keeps `depth` commands in flight on each and
+/// counts answers.
+fn issue_many(streams: Vec<TcpStream>, depth: usize, duration: Duration) -> Result<Limit> {
+    let mut ready = Ready::new(streams)?;
+    let count = ready.streams.len();
+    let mut inbound = vec![0u8; HOST_READ];
+    let commands = vec![0x5au8; depth * COMMAND];
+    // Each connection's first commands go out on its first (writable) event.
+    let mut owed = vec![depth * COMMAND; count];
+    let mut answer_bytes = vec![0usize; count];
+    let mut answered_on = vec![0u64; count];
+    let mut indexes = Vec::with_capacity(count);
+    let mut done = 0u64;
+    let mut window = Window::new(duration, count * depth);
+    let mut progress = Progress::new("answer from the target");
+    loop {
+        ready.poll(&mut indexes)?;
+        let mut moved = 0;
+        for &index in &indexes {
+            let got = ready.drain(index, &mut inbound)?;
+            answer_bytes[index] += got;
+            let answered = answer_bytes[index] / ANSWER;
+            answer_bytes[index] %= ANSWER;
+            done += answered as u64;
+            answered_on[index] += answered as u64;
+            owed[index] += answered * COMMAND;
+            let wrote = write_some(&ready.streams[index], &commands, owed[index])?;
+            owed[index] -= wrote;
+            moved += got + wrote;
+        }
+        if progress.pass(moved)? {
+            if let Some(limit) = window.after(done) {
+                // A connection never answered would make this a figure of fewer connections.
+                if let Some(idle) = answered_on.iter().position(|&n| n == 0) {
+                    bail!("connection {idle} of {count} had no answer in the run");
+                }
+                return Ok(limit);
+            }
         }
     }
 }
@@ -204,5 +436,17 @@ mod tests {
     #[test]
     fn depth_zero_is_refused() {
         assert!(measure(0, Duration::from_millis(1), 0, 1, false).is_err());
+        assert!(measure_connections(4, 0, Duration::from_millis(1), 0, 1, false).is_err());
+        assert!(measure_connections(0, 4, Duration::from_millis(1), 0, 1, false).is_err());
+    }
+
+    #[test]
+    fn answers_flow_on_every_connection() {
+        for (connections, depth) in [(1, 4), (16, 1), (8, 2)] {
+            let limit =
+                measure_connections(connections, depth, Duration::from_millis(50), 0, 1, false)
+                    .unwrap();
+            assert!(limit.iops > 0.0 && limit.avg_us > 0.0, "{limit:?}");
+        }
     }
 }
