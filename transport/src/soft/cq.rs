@@ -200,6 +200,16 @@ impl CqInner {
         }
     }
 
+    /// Where the receive completions queued so far end (a position in the receive lane).
+    pub(crate) fn recv_queued_end(&self) -> u64 {
+        self.recv_lane.claimed()
+    }
+
+    /// Whether the consumer has taken every receive completion queued before `end`.
+    pub(crate) fn recv_reaped(&self, end: u64) -> bool {
+        self.recv_lane.taken() >= end
+    }
+
     /// Ask to be progressed on every poll until `QpShared::progress` says it is idle.
     pub(crate) fn want_progress(&self, qp: &Arc<QpShared>) {
         if !qp.claim_progress() {

@@ -222,6 +222,16 @@ impl RecvRing {
         }
     }
 
+    /// Positions claimed by producers so far: the completions queued up to now end there.
+    pub(crate) fn claimed(&self) -> u64 {
+        self.tail.0.0.load(Ordering::Acquire)
+    }
+
+    /// Positions consumers have taken so far.
+    pub(crate) fn taken(&self) -> u64 {
+        self.head.0.load(Ordering::Acquire)
+    }
+
     /// Completions claimed and not yet consumed (a snapshot; tests).
     #[cfg(test)]
     fn len(&self) -> usize {

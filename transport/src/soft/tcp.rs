@@ -506,8 +506,16 @@ pub(crate) struct Conn {
     /// frame, and every flush, encodes it first, keeping the stream's order.
     ack: Option<u64>,
     /// `ack` waits for a frame to ride on: set by the progress run that read the requests,
-    /// cleared when a frame or a flush takes the ACK. A run that finds it set sends it alone.
+    /// cleared when a frame or a flush takes the ACK. A later run sends it alone once the
+    /// consumer has reaped the requests' completions (`ack_covers`) and not answered them, or
+    /// the hold is older than `ACK_HOLD_MAX`.
     ack_held: bool,
+    /// The receive lane's position after the completions of the requests last read: until
+    /// the consumer has taken them it cannot have answered them (a consumer reaping in
+    /// batches smaller than the QPs one run read gets to them over several polls).
+    ack_covers: u64,
+    /// When `ack_held` was set.
+    ack_held_since: Instant,
     /// Payload spans interleaved with `out` (in order; empty after every flush).
     refs: Vec<OutRef>,
     inb: Vec<u8>,
@@ -546,6 +554,8 @@ impl Conn {
             out_pos: 0,
             ack: None,
             ack_held: false,
+            ack_covers: 0,
+            ack_held_since: Instant::now(),
             refs: Vec::new(),
             inb: vec![0; INB_START],
             in_len: 0,
@@ -1002,6 +1012,10 @@ fn encode_request(
 
 /// How long a passive-side QP waits for the peer's data connection before its WRs fail.
 const CONNECT_WAIT: Duration = Duration::from_secs(5);
+/// Longest a held ACK waits for the consumer to reap the completions it covers: as long as
+/// the ACK timer lets a CQ nobody polls hold one (a consumer that keeps polling without
+/// reaping them would otherwise hold it for good, and the requester's send completions).
+const ACK_HOLD_MAX: Duration = ACCEPT_TICK;
 
 /// Progress one TCP QP (under its lock). Returns whether it wants timer-driven progress.
 pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> bool {
@@ -1033,6 +1047,7 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
         conn.flush(&qp.dev().keys);
     }
     let st = qp.state();
+    let ack_before = conn.ack;
     if conn.readable && matches!(st, QpState::Rtr | QpState::Rts | QpState::Err) {
         // Read what is there, handle complete frames.
         loop {
@@ -1105,15 +1120,28 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
             fail_at(qp, slow, i, status);
         }
     }
+    if conn.ack != ack_before {
+        // Requests read now: their receive completions (if any) are queued up to here.
+        conn.ack_covers = qp.recv_cq().recv_queued_end();
+    }
     // Only an ACK to send: it waits for the response the application posts after reaping
     // this run's completions (one write for both: at QD 1 a write of its own on each side of
-    // every I/O), or goes alone on the next run (the CQ's next poll: `want` below). With the
-    // sends on another CQ, or the CQ armed (its consumer waits for an event, not polling),
-    // the next run may be far off: then it goes now.
+    // every I/O), or goes alone on a later run (the CQ's polls: `want` below) once the
+    // consumer has reaped those completions and not answered, or after ACK_HOLD_MAX (a
+    // consumer that polls without reaping them). With the sends on another CQ, or the CQ armed
+    // (its consumer waits for an event, not polling), the next run may be far off: then it
+    // goes now.
     let only_ack = conn.ack.is_some() && !conn.frames_pending();
     let next_poll_near = Arc::ptr_eq(qp.send_cq(), qp.recv_cq()) && !qp.recv_cq().is_armed();
-    if only_ack && !conn.ack_held && next_poll_near {
+    let still_unreaped = || {
+        !qp.recv_cq().recv_reaped(conn.ack_covers)
+            && now.saturating_duration_since(conn.ack_held_since) < ACK_HOLD_MAX
+    };
+    if only_ack && next_poll_near && !conn.ack_held {
         conn.ack_held = true;
+        conn.ack_held_since = now;
+    } else if only_ack && next_poll_near && still_unreaped() {
+        // Still held: the consumer has not reached the completions it would answer.
     } else {
         conn.flush(&qp.dev().keys);
     }

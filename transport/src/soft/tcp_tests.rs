@@ -176,6 +176,72 @@ fn a_pure_ack_goes_alone_on_the_next_poll() {
     assert_acknowledged(&a);
 }
 
+/// Whether `side`'s connection has an ACK to send (held or not).
+fn ack_pending(side: &Side) -> bool {
+    side.qp
+        .sh
+        .lock()
+        .conn
+        .as_ref()
+        .is_some_and(|c| c.ack.is_some())
+}
+
+#[test]
+fn a_held_ack_waits_until_its_completion_is_reaped() {
+    // A consumer reaping fewer completions per poll than one run read answers the rest on
+    // later polls: those polls must not send the ACKs alone first (a write of its own per
+    // request where many QPs are busy). Polls taking nothing stand for them here. The hold is
+    // bounded in time (ACK_HOLD_MAX): an attempt that took that long proves nothing, so a
+    // slow machine retries.
+    for _attempt in 0..5 {
+        let (mut a, mut b, _net) = connected_pair();
+        b.qp.post_recv(&[RecvWr {
+            wr_id: 10,
+            sges: &[b.mr.sge(80, 8)],
+        }])
+        .unwrap();
+        let before = writes(&b);
+        a.qp.post_send(&[send_wr(
+            10,
+            SendOp::Send,
+            &[a.mr.sge(0, 1)],
+            SendFlags::SIGNALED,
+        )])
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ack_pending(&b) {
+            assert!(Instant::now() < deadline, "the request never arrived");
+            b.cq.poll(&mut []).unwrap();
+            std::thread::yield_now();
+        }
+        let held_at = Instant::now();
+        for _ in 0..5 {
+            b.cq.poll(&mut []).unwrap();
+        }
+        let unreaped_writes = writes(&b);
+        if held_at.elapsed() >= ACK_HOLD_MAX / 2 {
+            continue;
+        }
+        assert_eq!(
+            unreaped_writes, before,
+            "the ACK went alone before its completion was reaped"
+        );
+        // Reaped now, and not answered: the next poll sends it alone.
+        let mut wc = [WorkCompletion::default(); 4];
+        assert_eq!(b.cq.poll(&mut wc).unwrap(), 1);
+        assert_eq!((wc[0].wr_id, wc[0].status), (10, WcStatus::Success));
+        b.cq.poll(&mut wc).unwrap();
+        assert_eq!(
+            writes(&b),
+            before + 1,
+            "the reaped, unanswered ACK stayed held"
+        );
+        assert_acknowledged(&a);
+        return;
+    }
+    panic!("every attempt took longer than the hold bound: the machine is too slow to tell");
+}
+
 #[test]
 fn a_consumer_that_stops_polling_still_acknowledges() {
     let (mut a, mut b, _net) = connected_pair();
