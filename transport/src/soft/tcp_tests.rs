@@ -243,6 +243,36 @@ fn a_held_ack_waits_until_its_completion_is_reaped() {
 }
 
 #[test]
+fn a_held_ack_left_unreaped_goes_alone_after_the_hold_bound() {
+    // A consumer that keeps polling without taking the request's completion: the ACK timer
+    // never fires (the CQ is polled), so only the hold's bound sends the ACK.
+    let (mut a, mut b, _net) = connected_pair();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 10,
+        sges: &[b.mr.sge(80, 8)],
+    }])
+    .unwrap();
+    let before = writes(&b);
+    a.qp.post_send(&[send_wr(
+        10,
+        SendOp::Send,
+        &[a.mr.sge(0, 1)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while writes(&b) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the ACK of an unreaped completion was held for good"
+        );
+        b.cq.poll(&mut []).unwrap();
+        std::thread::yield_now();
+    }
+    assert_acknowledged(&a);
+}
+
+#[test]
 fn a_consumer_that_stops_polling_still_acknowledges() {
     let (mut a, mut b, _net) = connected_pair();
     // b polls until the request is delivered, then never again (a consumer may stop once it
