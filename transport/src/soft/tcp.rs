@@ -29,11 +29,13 @@
 //!   waits.
 //! - A pure ACK rides on the next frame out: the run that read the requests holds it (when
 //!   the QP's sends and receives complete on one CQ), so the response the application posts
-//!   after reaping carries it in the same write; with nothing posted it goes alone on the CQ's
-//!   next poll. A consumer may stop polling once it reaped what it wanted, and RC still owes
-//!   the peer its ACK (a NIC acknowledges on its own): arming the CQ for an event sends the
-//!   held ACKs at once, closing a connection sends its own, and the device's acceptor thread
-//!   is the ACK timer: each tick it sends those of a CQ nobody polled since the last tick.
+//!   after reaping carries it in the same write; with nothing posted it goes alone on a later
+//!   poll, once the consumer has taken the requests' completions (or after one ACK timer
+//!   tick: a consumer that polls without reaping them). A consumer may stop polling once it
+//!   reaped what it wanted, and RC still owes the peer its ACK (a NIC acknowledges on its
+//!   own): arming the CQ for an event sends the held ACKs at once, closing a connection sends
+//!   its own, and the device's acceptor thread is the ACK timer: each tick it sends those of
+//!   a CQ nobody polled since the last tick.
 //! - Payloads of 1 KiB or more leave straight from their registered spans (one `sendmsg` over
 //!   the headers and the pinned spans), not gathered into the output buffer first.
 
