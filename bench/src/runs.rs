@@ -201,6 +201,15 @@ fn perf_totals(json: &str) -> Result<(f64, f64, f64)> {
     Ok((get("iops")?, get("avg_us")?, get("p99_us")?))
 }
 
+/// The loopback limit's threads on the target's and the host's cores.
+fn limit_cores(common: &Common) -> tcp_limit::Cores {
+    tcp_limit::Cores {
+        target: common.target_core,
+        host: common.host_core,
+        pin: common.pin(),
+    }
+}
+
 /// (c) nvmf-tgt and nvmf-perf as processes over soft TCP.
 pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Result<Section> {
     let daemon = Daemon::start(common.target_core, port, work_dir)?;
@@ -210,14 +219,8 @@ pub fn tcp(common: &Common, depths: &[usize], port: u16, work_dir: &Path) -> Res
     for round in 0..common.runs.max(1) {
         common.pause_before(round);
         for &depth in depths {
-            let limit = tcp_limit::measure(
-                depth,
-                common.duration(),
-                common.target_core,
-                common.host_core,
-                common.pin(),
-            )
-            .with_context(|| format!("loopback TCP limit at QD {depth}"))?;
+            let limit = tcp_limit::measure(depth, common.duration(), limit_cores(common))
+                .with_context(|| format!("loopback TCP limit at QD {depth}"))?;
             let mut cmd = Command::new(&perf);
             cmd.args(["--transport", "soft-tcp", "-a", "127.0.0.1"])
                 .args(["-s", &port.to_string(), "-n", target::NQN])
@@ -332,9 +335,7 @@ pub fn qpairs(
                         active,
                         depth,
                         common.duration(),
-                        common.target_core,
-                        common.host_core,
-                        common.pin(),
+                        limit_cores(common),
                     )
                     .with_context(|| {
                         format!("loopback TCP limit, {active} connections x QD {depth}")

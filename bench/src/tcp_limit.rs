@@ -50,19 +50,23 @@ pub struct Limit {
     pub avg_us: f64,
 }
 
+/// Where the two sides' threads run.
+#[derive(Debug, Clone, Copy)]
+pub struct Cores {
+    /// The answering side's core (the target's).
+    pub target: usize,
+    /// The issuing side's core (the host's).
+    pub host: usize,
+    /// Pin the threads to those cores.
+    pub pin: bool,
+}
+
 /// The loopback limit at `depth` I/Os in flight on one connection polled directly, measured
 /// for `duration` after a warm-up.
-pub fn measure(
-    depth: usize,
-    duration: Duration,
-    target_core: usize,
-    host_core: usize,
-    pin: bool,
-) -> Result<Limit> {
+pub fn measure(depth: usize, duration: Duration, cores: Cores) -> Result<Limit> {
     if depth == 0 {
         bail!("depth 0: nothing would be in flight");
     }
-    let cores = (target_core, host_core, pin);
     run_pair(
         1,
         cores,
@@ -77,14 +81,11 @@ pub fn measure_connections(
     connections: usize,
     depth: usize,
     duration: Duration,
-    target_core: usize,
-    host_core: usize,
-    pin: bool,
+    cores: Cores,
 ) -> Result<Limit> {
     if connections == 0 || depth == 0 {
         bail!("{connections} connections x depth {depth}: nothing would be in flight");
     }
-    let cores = (target_core, host_core, pin);
     run_pair(
         connections,
         cores,
@@ -97,7 +98,7 @@ pub fn measure_connections(
 /// over `connections` loopback connections; the host's result is the figure.
 fn run_pair(
     connections: usize,
-    (target_core, host_core, pin): (usize, usize, bool),
+    cores: Cores,
     serve: impl FnOnce(Vec<TcpStream>, &AtomicBool) -> Result<()> + Send,
     issue: impl FnOnce(Vec<TcpStream>) -> Result<Limit>,
 ) -> Result<Limit> {
@@ -108,7 +109,7 @@ fn run_pair(
     std::thread::scope(|scope| -> Result<Limit> {
         let stop = &stop;
         let target = scope.spawn(move || -> Result<()> {
-            super::wire::pin(target_core, pin);
+            super::wire::pin(cores.target, cores.pin);
             let mut streams = Vec::with_capacity(connections);
             for _ in 0..connections {
                 let (stream, _) = listener
@@ -123,7 +124,7 @@ fn run_pair(
             }
         });
         let result = (|| {
-            super::wire::pin(host_core, pin);
+            super::wire::pin(cores.host, cores.pin);
             let mut streams = Vec::with_capacity(connections);
             for _ in 0..connections {
                 streams.push(TcpStream::connect(addr).context("connecting over loopback")?);
@@ -424,27 +425,33 @@ fn issue_many(streams: Vec<TcpStream>, depth: usize, duration: Duration) -> Resu
 mod tests {
     use super::*;
 
+    /// A test machine may have one core: that it ends and counts answers.
+    const UNPINNED: Cores = Cores {
+        target: 0,
+        host: 1,
+        pin: false,
+    };
+
     #[test]
     fn answers_flow_and_both_sides_stop() {
-        // Unpinned (a test machine may have one core): that it ends and counts answers.
         for depth in [1, 8] {
-            let limit = measure(depth, Duration::from_millis(50), 0, 1, false).unwrap();
+            let limit = measure(depth, Duration::from_millis(50), UNPINNED).unwrap();
             assert!(limit.iops > 0.0 && limit.avg_us > 0.0, "{limit:?}");
         }
     }
 
     #[test]
     fn depth_zero_is_refused() {
-        assert!(measure(0, Duration::from_millis(1), 0, 1, false).is_err());
-        assert!(measure_connections(4, 0, Duration::from_millis(1), 0, 1, false).is_err());
-        assert!(measure_connections(0, 4, Duration::from_millis(1), 0, 1, false).is_err());
+        assert!(measure(0, Duration::from_millis(1), UNPINNED).is_err());
+        assert!(measure_connections(4, 0, Duration::from_millis(1), UNPINNED).is_err());
+        assert!(measure_connections(0, 4, Duration::from_millis(1), UNPINNED).is_err());
     }
 
     #[test]
     fn answers_flow_on_every_connection() {
         for (connections, depth) in [(1, 4), (16, 1), (8, 2)] {
             let limit =
-                measure_connections(connections, depth, Duration::from_millis(50), 0, 1, false)
+                measure_connections(connections, depth, Duration::from_millis(50), UNPINNED)
                     .unwrap();
             assert!(limit.iops > 0.0 && limit.avg_us > 0.0, "{limit:?}");
         }

@@ -85,9 +85,9 @@ fn writes(side: &Side) -> u64 {
     side.qp.sh.lock().conn.as_ref().map_or(0, |c| c.writes)
 }
 
-/// `a` sends one signaled SEND (wr_id 10) to `b`; `b` alone polls until it is delivered. The
-/// count of `b`'s writes before the SEND.
-fn deliver_one(a: &mut Side, b: &mut Side) -> u64 {
+/// `b` posts a receive and `a` one signaled SEND (wr_id 10) to it; nobody polls. The count of
+/// `b`'s writes before.
+fn send_one(a: &mut Side, b: &mut Side) -> u64 {
     b.qp.post_recv(&[RecvWr {
         wr_id: 10,
         sges: &[b.mr.sge(80, 8)],
@@ -101,6 +101,13 @@ fn deliver_one(a: &mut Side, b: &mut Side) -> u64 {
         SendFlags::SIGNALED,
     )])
     .unwrap();
+    before
+}
+
+/// `a` sends one signaled SEND (wr_id 10) to `b`; `b` alone polls until it is delivered. The
+/// count of `b`'s writes before the SEND.
+fn deliver_one(a: &mut Side, b: &mut Side) -> u64 {
+    let before = send_one(a, b);
     let mut wc = [WorkCompletion::default(); 4];
     let deadline = Instant::now() + Duration::from_secs(20);
     while b.cq.poll(&mut wc).unwrap() == 0 {
@@ -195,19 +202,7 @@ fn a_held_ack_waits_until_its_completion_is_reaped() {
     // slow machine retries.
     for _attempt in 0..5 {
         let (mut a, mut b, _net) = connected_pair();
-        b.qp.post_recv(&[RecvWr {
-            wr_id: 10,
-            sges: &[b.mr.sge(80, 8)],
-        }])
-        .unwrap();
-        let before = writes(&b);
-        a.qp.post_send(&[send_wr(
-            10,
-            SendOp::Send,
-            &[a.mr.sge(0, 1)],
-            SendFlags::SIGNALED,
-        )])
-        .unwrap();
+        let before = send_one(&mut a, &mut b);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !ack_pending(&b) {
             assert!(Instant::now() < deadline, "the request never arrived");
@@ -247,19 +242,7 @@ fn a_held_ack_left_unreaped_goes_alone_after_the_hold_bound() {
     // A consumer that keeps polling without taking the request's completion: the ACK timer
     // never fires (the CQ is polled), so only the hold's bound sends the ACK.
     let (mut a, mut b, _net) = connected_pair();
-    b.qp.post_recv(&[RecvWr {
-        wr_id: 10,
-        sges: &[b.mr.sge(80, 8)],
-    }])
-    .unwrap();
-    let before = writes(&b);
-    a.qp.post_send(&[send_wr(
-        10,
-        SendOp::Send,
-        &[a.mr.sge(0, 1)],
-        SendFlags::SIGNALED,
-    )])
-    .unwrap();
+    let before = send_one(&mut a, &mut b);
     let deadline = Instant::now() + Duration::from_secs(20);
     while writes(&b) == before {
         assert!(
