@@ -8,7 +8,8 @@
 #   (b) inproc  nvmf-tgt engine + nvmf-perf engine in one process (in-process fabric)
 #   (c) tcp     nvmf-tgt + nvmf-perf as processes over soft TCP on loopback, and its ceiling:
 #               the kernel's loopback TCP alone moving the same bytes per I/O
-#   (e) qpairs  1 / 64 / 1024 qpairs on one target reactor, IOPS and RSS (in-process and TCP)
+#   (e) qpairs  1 / 64 / 1024 qpairs on one target reactor, IOPS and RSS (in-process and TCP;
+#               over TCP also the kernel's loopback limit for the same busy connections)
 #   (d) cost    instructions per I/O per side and the top functions (valgrind callgrind)
 #
 # Knobs: NVMF_BENCH_RUNS (default 5), NVMF_BENCH_SECONDS per run and case (default 3),
