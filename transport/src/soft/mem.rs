@@ -740,8 +740,10 @@ impl Part<'_, '_> {
     }
 }
 
-/// Most iovecs one `send_parts` call passes (the caller loops for the rest).
-const MAX_IOV: usize = 64;
+/// Most iovecs one `send_parts` call passes (the caller loops for the rest): a soft TCP flush's
+/// parts at most (its spans, the bytes between and around them), so that one takes one
+/// `sendmsg` when the socket has room.
+pub(crate) const MAX_IOV: usize = 65;
 
 /// `sendmsg(2)` (MSG_NOSIGNAL: a closed peer is an error, not a signal) of the concatenation
 /// of `parts`, from byte `skip` on. Returns the bytes the socket took.

@@ -65,8 +65,9 @@ const MAX_PAYLOAD: usize = 256 << 20;
 /// a shorter one is copied into the output buffer (a key lookup costs more than the copy).
 const DIRECT_MIN: usize = 1024;
 /// Most spans waiting for one flush (each pinned for the flush's write); past it, payloads are
-/// copied.
-const MAX_REFS: usize = 32;
+/// copied. With bytes between and around them they fill one `sendmsg`'s iovecs (at 64 a full
+/// flush's last part took a second call).
+const MAX_REFS: usize = (mem::MAX_IOV - 1) / 2;
 
 /// A connection's input buffer starts this small (thousands of idle connections each keep
 /// one: 64 KiB each was most of nvmf-tgt's memory per qpair) and doubles whenever a read
