@@ -110,12 +110,20 @@ fn run_pair(
         let stop = &stop;
         let target = scope.spawn(move || -> Result<()> {
             super::wire::pin(cores.target, cores.pin);
+            // Non-blocking: a host that failed to connect them all sets `stop` instead.
+            listener.set_nonblocking(true)?;
             let mut streams = Vec::with_capacity(connections);
-            for _ in 0..connections {
-                let (stream, _) = listener
-                    .accept()
-                    .context("accepting the host's connection")?;
-                streams.push(stream);
+            while streams.len() < connections {
+                match listener.accept() {
+                    Ok((stream, _)) => streams.push(stream),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        if stop.load(Ordering::Relaxed) {
+                            return Ok(());
+                        }
+                        std::thread::yield_now();
+                    }
+                    Err(e) => return Err(e).context("accepting the host's connection"),
+                }
             }
             // An error once the host is done is its close.
             match serve(streams, stop) {
