@@ -204,15 +204,17 @@ impl Progress {
         }
     }
 
-    /// Whether the pass moved bytes; an error when none moved for too long.
-    fn pass(&mut self, moved: usize) -> Result<bool> {
+    /// The pass's time when it moved bytes (one clock read); an error when none moved for
+    /// too long.
+    fn pass(&mut self, moved: usize) -> Result<Option<Instant>> {
+        let now = Instant::now();
         if moved > 0 {
-            self.last = Instant::now();
-            Ok(true)
-        } else if self.last.elapsed() > STALL {
+            self.last = now;
+            Ok(Some(now))
+        } else if now.duration_since(self.last) > STALL {
             bail!("no {} for {STALL:?}", self.awaited)
         } else {
-            Ok(false)
+            Ok(None)
         }
     }
 }
@@ -237,13 +239,13 @@ impl Window {
         }
     }
 
-    /// After a pass with `done` answers in all: the figure once the window is over.
-    fn after(&mut self, done: u64) -> Option<Limit> {
-        let now = self.start.elapsed();
+    /// After a pass at `now` with `done` answers in all: the figure once the window is over.
+    fn after(&mut self, now: Instant, done: u64) -> Option<Limit> {
+        let since_start = now.duration_since(self.start);
         match self.counting {
-            None if now >= WARMUP => self.counting = Some((Instant::now(), done)),
-            Some((t0, first)) if now >= WARMUP + self.duration => {
-                let iops = (done - first) as f64 / t0.elapsed().as_secs_f64();
+            None if since_start >= WARMUP => self.counting = Some((now, done)),
+            Some((t0, first)) if since_start >= WARMUP + self.duration => {
+                let iops = (done - first) as f64 / now.duration_since(t0).as_secs_f64();
                 return Some(Limit {
                     iops,
                     avg_us: self.in_flight as f64 / iops * 1e6,
@@ -295,8 +297,8 @@ fn issue(stream: &TcpStream, depth: usize, duration: Duration) -> Result<Limit> 
         answer_bytes %= ANSWER;
         done += answered as u64;
         owed += answered * COMMAND;
-        if progress.pass(got + wrote)? {
-            if let Some(limit) = window.after(done) {
+        if let Some(now) = progress.pass(got + wrote)? {
+            if let Some(limit) = window.after(now, done) {
                 return Ok(limit);
             }
         }
@@ -417,8 +419,8 @@ fn issue_many(streams: Vec<TcpStream>, depth: usize, duration: Duration) -> Resu
             owed[index] -= wrote;
             moved += got + wrote;
         }
-        if progress.pass(moved)? {
-            if let Some(limit) = window.after(done) {
+        if let Some(now) = progress.pass(moved)? {
+            if let Some(limit) = window.after(now, done) {
                 // A connection never answered would make this a figure of fewer connections.
                 if let Some(idle) = answered_on.iter().position(|&n| n == 0) {
                     bail!("connection {idle} of {count} had no answer in the run");
