@@ -279,7 +279,20 @@ fn stats_file_shows_qpairs_and_receive_slots_of_every_group() {
     let c = io.exec(rw(0x01, 0, 8, io.keyed(0, 4096)), &[]).unwrap();
     assert!(c.status.is_success(), "{c:?}");
 
-    let s = fresh_stats(&daemon, &stats);
+    // The target frees the request when its response SEND completes, which needs the host's
+    // ACK: soft TCP may hold that ACK for up to one ACK timer tick once this host stops
+    // polling. So the idle state is waited for, not read from the first snapshot.
+    let mut s = serde_json::Value::Null;
+    wait_until("every request of the daemon freed", || {
+        s = fresh_stats(&daemon, &stats);
+        s["reactors"].as_array().unwrap().iter().all(|r| {
+            r["groups"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|g| g["requests"]["in_use"] == 0)
+        })
+    });
     assert_eq!(s["qpairs"], 2, "{s:#}");
     let reactors = s["reactors"].as_array().unwrap();
     assert_eq!(reactors.len(), 2, "{s:#}");
