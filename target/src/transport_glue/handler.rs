@@ -28,8 +28,8 @@ use arrayvec::ArrayVec;
 use nvmf_protocol::sqe::{AdminOpcode, SQE_SIZE};
 use nvmf_protocol::{Cqe, Sqe};
 use nvmf_transport::pollgroup::{
-    BufferGrant, ChainWr, Handler, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_REQUEST_BUFFERS, PollGroup,
-    QpairEvent, ReqId, WrKind,
+    BufferGrant, ChainWr, Handler, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_REQUEST_BUFFERS, MAX_WR_SGES,
+    PollGroup, QpairEvent, ReqId, WrKind,
 };
 use nvmf_transport::{Access, Mr, SendOp, Sge, WcStatus};
 use slab::Slab;
@@ -302,6 +302,43 @@ impl NvmeHandler {
         // piece, one WR and the SEND; the full-size arrays were kilobytes to initialise).
         let mut units = ArrayVec::<Sge, MAX_REQUEST_BUFFERS>::new();
         pg.buffer_sges_into(req, length, &mut units);
+        let send_sge = [send.map_or(Sge::default(), |(_, sge)| sge)];
+        // The common transfer: one keyed descriptor, whole, in one work request. Its SGEs are
+        // the buffers' own: no cutting.
+        if let ([k], 0, true) = (keyed, from, units.len() <= MAX_WR_SGES && length > 0) {
+            if k.length == length {
+                let op = match send {
+                    Some(_) => SendOp::RdmaWrite {
+                        remote_addr: k.address,
+                        rkey: k.key,
+                    },
+                    None => SendOp::RdmaRead {
+                        remote_addr: k.address,
+                        rkey: k.key,
+                    },
+                };
+                let data = ChainWr {
+                    op,
+                    sges: &units,
+                    inline: false,
+                };
+                if let Some(r) = pg.request_mut(req) {
+                    r.user.moved = length;
+                }
+                let result = match send {
+                    Some((op, _)) => {
+                        let response = ChainWr {
+                            op,
+                            sges: &send_sge,
+                            inline: true,
+                        };
+                        pg.post_chain(req, &[data, response], true)
+                    }
+                    None => pg.post_chain(req, &[data], false),
+                };
+                return result.map_err(|e| e.to_string());
+            }
+        }
         // Room for the response SEND and its SGE is kept in every chain.
         let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
         let mut cuts = ArrayVec::<sges::Cut, { MAX_CHAIN_WRS - 1 }>::new();
@@ -313,7 +350,6 @@ impl NvmeHandler {
             &mut cuts,
         )
         .ok_or("the data buffers do not cover the transfer")?;
-        let send_sge = [send.map_or(Sge::default(), |(_, sge)| sge)];
         let mut chain = ArrayVec::<ChainWr, MAX_CHAIN_WRS>::new();
         for cut in &cuts {
             let k = &keyed[cut.keyed];
