@@ -304,9 +304,11 @@ impl NvmeHandler {
         pg.buffer_sges_into(req, length, &mut units);
         let send_sge = [send.map_or(Sge::default(), |(_, sge)| sge)];
         // The common transfer: one keyed descriptor, whole, in one work request. Its SGEs are
-        // the buffers' own: no cutting.
+        // the buffers' own: no cutting. Buffers that do not cover it take the general path,
+        // which refuses them.
         if let ([k], 0, true) = (keyed, from, units.len() <= MAX_WR_SGES && length > 0) {
-            if k.length == length {
+            let covered: u32 = units.iter().map(|u| u.length).sum();
+            if k.length == length && covered == length {
                 let op = match send {
                     Some(_) => SendOp::RdmaWrite {
                         remote_addr: k.address,
