@@ -303,39 +303,34 @@ impl NvmeHandler {
         let mut units = ArrayVec::<Sge, MAX_REQUEST_BUFFERS>::new();
         pg.buffer_sges_into(req, length, &mut units);
         let send_sge = [send.map_or(Sge::default(), |(_, sge)| sge)];
+        // The response SEND ends the chain that ends the transfer.
+        let response = send.map(|(op, _)| ChainWr {
+            op,
+            sges: &send_sge,
+            inline: true,
+        });
+        // Data goes to the host (a read's RDMA WRITE) when the chain answers, else comes from
+        // it (RDMA READ).
+        let data_op = |remote_addr: u64, rkey: u32| match send {
+            Some(_) => SendOp::RdmaWrite { remote_addr, rkey },
+            None => SendOp::RdmaRead { remote_addr, rkey },
+        };
         // The common transfer: one keyed descriptor, whole, in one work request. Its SGEs are
         // the buffers' own: no cutting. Buffers that do not cover it take the general path,
         // which refuses them.
         if let ([k], 0, true) = (keyed, from, units.len() <= MAX_WR_SGES && length > 0) {
             let covered: u32 = units.iter().map(|u| u.length).sum();
             if k.length == length && covered == length {
-                let op = match send {
-                    Some(_) => SendOp::RdmaWrite {
-                        remote_addr: k.address,
-                        rkey: k.key,
-                    },
-                    None => SendOp::RdmaRead {
-                        remote_addr: k.address,
-                        rkey: k.key,
-                    },
-                };
                 let data = ChainWr {
-                    op,
+                    op: data_op(k.address, k.key),
                     sges: &units,
                     inline: false,
                 };
                 if let Some(r) = pg.request_mut(req) {
                     r.user.moved = length;
                 }
-                let result = match send {
-                    Some((op, _)) => {
-                        let response = ChainWr {
-                            op,
-                            sges: &send_sge,
-                            inline: true,
-                        };
-                        pg.post_chain(req, &[data, response], true)
-                    }
+                let result = match response {
+                    Some(response) => pg.post_chain(req, &[data, response], true),
                     None => pg.post_chain(req, &[data], false),
                 };
                 return result.map_err(|e| e.to_string());
@@ -355,31 +350,15 @@ impl NvmeHandler {
         let mut chain = ArrayVec::<ChainWr, MAX_CHAIN_WRS>::new();
         for cut in &cuts {
             let k = &keyed[cut.keyed];
-            let remote_addr = k.address + u64::from(cut.remote_offset);
-            let op = if send.is_some() {
-                SendOp::RdmaWrite {
-                    remote_addr,
-                    rkey: k.key,
-                }
-            } else {
-                SendOp::RdmaRead {
-                    remote_addr,
-                    rkey: k.key,
-                }
-            };
             chain.push(ChainWr {
-                op,
+                op: data_op(k.address + u64::from(cut.remote_offset), k.key),
                 sges: &pieces[cut.sges.0..cut.sges.1],
                 inline: false,
             });
         }
         let last = end == length;
-        if let (Some((op, _)), true) = (send, last) {
-            chain.push(ChainWr {
-                op,
-                sges: &send_sge,
-                inline: true,
-            });
+        if let (Some(response), true) = (response, last) {
+            chain.push(response);
         }
         if let Some(r) = pg.request_mut(req) {
             r.user.moved = end;
