@@ -39,6 +39,19 @@ const HOST_BUSY_NOTE: &str = "host busy %: the same share for the initiator's re
      report); IOPS / host busy: what the one initiator core would carry busy all the time, a \
      low estimate (fed faster, its passes batch more).";
 
+const PASS_NOTE: &str = "I/O per target pass: the I/O the run completed over the target \
+     reactor's passes that found work in the same window (for a pass's fixed cost, how much each \
+     pass batched); I/O per host pass: the same over the host reactor's busy passes.";
+
+/// I/O completed per busy pass (0 when no pass found work).
+fn per_pass(ios: u64, busy_passes: u64) -> f64 {
+    if busy_passes == 0 {
+        0.0
+    } else {
+        ios as f64 / busy_passes as f64
+    }
+}
+
 fn command_line() -> String {
     let args: Vec<String> = std::env::args().skip(1).collect();
     format!("nvmf-bench {}", args.join(" "))
@@ -157,6 +170,7 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
                 )
                 .context("perf run")?;
                 let target_busy = busy.percent();
+                let target_passes = busy.busy_passes();
                 let _ = controller.shutdown();
                 if !report.passed() {
                     bail!("{w} QD {depth}: {:?}", report.errors);
@@ -166,6 +180,11 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
                 c.add(&case, "avg us", report.total.avg_us);
                 c.add(&case, "p99 us", report.total.p99_us);
                 c.add(&case, "target busy %", target_busy);
+                c.add(
+                    &case,
+                    "I/O per target pass",
+                    per_pass(report.total.ios, target_passes),
+                );
                 if let Some(&host_busy) = report.host_busy_percent.first() {
                     c.add(&case, "host busy %", host_busy);
                     c.add(
@@ -185,7 +204,7 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
             .into(),
         command: command_line(),
         rows: c.rows(),
-        notes: vec![BUSY_NOTE.into(), HOST_BUSY_NOTE.into()],
+        notes: vec![BUSY_NOTE.into(), HOST_BUSY_NOTE.into(), PASS_NOTE.into()],
     })
 }
 
@@ -371,8 +390,9 @@ pub fn qpairs(
             let host_window = BusyWindow::start(&runtime.reactors()[0]);
             let (report, queues) =
                 run.drive(&runtime.reactors()[0], &mut controllers, common.duration())?;
-            let target_busy = busy.map(|b| b.percent());
+            let target_busy = busy.as_ref().map(|b| (b.percent(), b.busy_passes()));
             let host_busy = host_window.percent();
+            let host_passes = host_window.busy_passes();
             // Dropping a queue disconnects it (quietly, unlike `disconnect`).
             drop(queues);
             for mut ctrl in controllers {
@@ -391,14 +411,24 @@ pub fn qpairs(
             if let Some(limit) = limit {
                 c.add(&case, "% of limit", 100.0 * report.total.iops / limit.iops);
             }
-            if let Some(percent) = target_busy {
+            if let Some((percent, passes)) = target_busy {
                 c.add(&case, "target busy %", percent);
                 c.add(
                     &case,
                     "IOPS / target busy",
                     report.total.iops * 100.0 / percent.max(1.0),
                 );
+                c.add(
+                    &case,
+                    "I/O per target pass",
+                    per_pass(report.total.ios, passes),
+                );
                 c.add(&case, "host busy %", host_busy);
+                c.add(
+                    &case,
+                    "I/O per host pass",
+                    per_pass(report.total.ios, host_passes),
+                );
             }
             // Freed memory is not given back to the system: after a bigger case, RSS stays
             // high, so only the first run (cases in ascending order) measures it.
@@ -451,6 +481,7 @@ pub fn qpairs(
                  the time, a low estimate (fed faster, its passes batch more). host busy %: the \
                  same share for the host's reactor over the run (its drain included)."
             ));
+            notes.push(PASS_NOTE.into());
         }
         notes
     };
@@ -526,7 +557,7 @@ pub fn add_wire_share(sections: &mut [Section]) {
 
 #[cfg(test)]
 mod tests {
-    use super::io_qpairs;
+    use super::{io_qpairs, per_pass};
 
     #[test]
     fn qpairs_fit_one_poll_group_with_their_admin_queues() {
@@ -535,5 +566,11 @@ mod tests {
         assert_eq!(io_qpairs(1024), 1008);
         let io = io_qpairs(1024);
         assert!(io + io.div_ceil(64) <= 1024);
+    }
+
+    #[test]
+    fn io_per_pass_is_the_ratio_and_zero_without_busy_passes() {
+        assert_eq!(per_pass(1000, 250), 4.0);
+        assert_eq!(per_pass(1000, 0), 0.0);
     }
 }

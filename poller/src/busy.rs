@@ -13,13 +13,16 @@ pub struct BusyWindow<'a> {
     reactor: &'a ReactorHandle,
     started: Instant,
     busy_before: Duration,
+    busy_passes_before: u64,
 }
 
 impl<'a> BusyWindow<'a> {
     /// Opens the window now.
     pub fn start(reactor: &'a ReactorHandle) -> Self {
+        let stats = reactor.stats();
         Self {
-            busy_before: reactor.stats().busy,
+            busy_before: stats.busy,
+            busy_passes_before: stats.polls.saturating_sub(stats.idle_polls),
             started: Instant::now(),
             reactor,
         }
@@ -30,6 +33,16 @@ impl<'a> BusyWindow<'a> {
         let wall = self.started.elapsed();
         let busy = self.reactor.stats().busy.saturating_sub(self.busy_before);
         share_percent(busy, wall)
+    }
+
+    /// Passes that found work since [`start`](Self::start): work done in the window over this
+    /// says how much each pass batched (few items per pass: the pass's fixed cost dominates).
+    pub fn busy_passes(&self) -> u64 {
+        let stats = self.reactor.stats();
+        stats
+            .polls
+            .saturating_sub(stats.idle_polls)
+            .saturating_sub(self.busy_passes_before)
     }
 }
 

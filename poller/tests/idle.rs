@@ -240,3 +240,39 @@ fn a_busy_pass_between_idle_ones_counts_its_time() {
     );
     rt.stop().expect("stop");
 }
+
+#[test]
+fn busy_window_counts_only_passes_that_found_work() {
+    let rt = Runtime::start(cfg(&[1]).idle_after(Duration::MAX)).expect("start");
+    let h = &rt.reactors()[0];
+    let (idle, _) = Counting::new(false);
+    h.call(move |r| {
+        r.add_poller(Box::new(idle));
+    })
+    .expect("call");
+    let before = h.stats();
+    let window = nvmf_poller::BusyWindow::start(h);
+    thread::sleep(Duration::from_millis(100));
+    // Nothing found work: among the many passes since the window opened, none was busy (but
+    // perhaps the pass that ran the call, if it published its counts after the window opened).
+    assert!(h.stats().polls - before.polls > 1_000);
+    assert!(window.busy_passes() <= 1, "{}", window.busy_passes());
+
+    let (busy, _) = Counting::new(true);
+    h.call(move |r| {
+        r.add_poller(Box::new(busy));
+    })
+    .expect("call");
+    let before = h.stats();
+    let window = nvmf_poller::BusyWindow::start(h);
+    thread::sleep(Duration::from_millis(100));
+    let passes = window.busy_passes();
+    let after = h.stats();
+    // Every pass now finds work: the window's busy passes are the passes it saw.
+    assert!(passes > 1_000, "{passes}");
+    assert!(
+        passes <= after.polls - before.polls,
+        "{passes} {before:?} {after:?}"
+    );
+    rt.stop().expect("stop");
+}
