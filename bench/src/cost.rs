@@ -67,6 +67,12 @@ impl Shape {
     }
 }
 
+/// I/O of the shorter profiled run when not given: more with many qpairs, whose set-up and
+/// drain make a number of target polls that varies between runs (see `nvmf-bench cost --help`).
+pub fn default_ios(shape: Shape) -> u64 {
+    if shape.connected > 1 { 250_000 } else { 50_000 }
+}
+
 /// The profiled workload; returns the I/O completed.
 pub fn run(ios: u64, shape: Shape, workload: &str, core: usize) -> Result<u64> {
     let Shape {
@@ -331,6 +337,22 @@ pub fn profile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn many_qpairs_profile_more_io_by_default() {
+        let one = Shape {
+            depth: 32,
+            connected: 1,
+            active: 1,
+        };
+        let many = Shape {
+            depth: 1,
+            connected: 1008,
+            active: 128,
+        };
+        assert_eq!(default_ios(one), 50_000);
+        assert_eq!(default_ios(many), 250_000);
+    }
 
     #[test]
     fn annotate_table_is_parsed() {

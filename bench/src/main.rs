@@ -162,9 +162,13 @@ enum Cmd {
     /// once collecting only inside the target's poll group poller and once only inside the
     /// initiator's job poller, for two I/O counts; the difference cancels the set-up.
     Cost {
-        /// I/O of the shorter run (the longer does twice as many).
-        #[arg(long, default_value_t = 50_000)]
-        ios: u64,
+        /// I/O of the shorter run (the longer does twice as many). Default 50000, and 250000
+        /// with --qpairs above 1: connecting and draining many qpairs makes a number of target
+        /// polls that varies by tens of thousands between runs, which the difference of the
+        /// two runs cannot cancel (at 50000 I/O the target's figure for 1024 qpairs moved by
+        /// 160 instructions per I/O between two runs of one binary, at 250000 by 30).
+        #[arg(long)]
+        ios: Option<u64>,
         /// Queue depth (of each job).
         #[arg(long, default_value_t = 32)]
         depth: usize,
@@ -297,6 +301,7 @@ fn main() -> Result<()> {
                 connected: runs::io_qpairs(qpairs),
                 active,
             };
+            let ios = ios.unwrap_or(cost::default_ios(shape));
             let s = cost::profile(ios, shape, &workload, top, &out_dir)?;
             emit(&[s], json)
         }
