@@ -43,13 +43,33 @@ const PASS_NOTE: &str = "I/O per target pass: the I/O the run completed over the
      reactor's passes that found work in the same window (for a pass's fixed cost, how much each \
      pass batched); I/O per host pass: the same over the host reactor's busy passes.";
 
-/// I/O completed per busy pass (0 when no pass found work).
-fn per_pass(ios: u64, busy_passes: u64) -> f64 {
-    if busy_passes == 0 {
+const COMPLETIONS_NOTE: &str = "completions per I/O: the completions the target's poll group \
+     (and the host's) reaped from its CQ over the run's I/O in the same window: a capsule or a \
+     response each, plus the send side's own (a lone SEND per qpair and pass is signaled: about \
+     two per I/O at depth 1 per qpair, about one when a qpair's list carries many).";
+
+/// `count` per unit of `units` (0 without units): I/O per busy pass, completions per I/O.
+fn ratio(count: u64, units: u64) -> f64 {
+    if units == 0 {
         0.0
     } else {
-        ios as f64 / busy_passes as f64
+        count as f64 / units as f64
     }
+}
+
+/// Completions reaped so far by the in-process target's poll groups (0 without one) and by the
+/// host fabric's poll groups (control path).
+fn completions(target: Option<&InProcessTarget>, fabric: &RdmaFabric) -> Result<(u64, u64)> {
+    let target = match target {
+        Some(t) => t.completions()?,
+        None => 0,
+    };
+    let host = fabric
+        .host_groups()
+        .iter()
+        .map(|g| g.stats.completions)
+        .sum();
+    Ok((target, host))
 }
 
 fn command_line() -> String {
@@ -183,7 +203,7 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
                 c.add(
                     &case,
                     "I/O per target pass",
-                    per_pass(report.total.ios, target_passes),
+                    ratio(report.total.ios, target_passes),
                 );
                 if let Some(&host_busy) = report.host_busy_percent.first() {
                     c.add(&case, "host busy %", host_busy);
@@ -388,8 +408,10 @@ pub fn qpairs(
                 .as_ref()
                 .map(|t| BusyWindow::start(&t.runtime().reactors()[0]));
             let host_window = BusyWindow::start(&runtime.reactors()[0]);
+            let completions_before = completions(inproc.as_ref(), &fabric)?;
             let (report, queues) =
                 run.drive(&runtime.reactors()[0], &mut controllers, common.duration())?;
+            let completions_after = completions(inproc.as_ref(), &fabric)?;
             let target_busy = busy.as_ref().map(|b| (b.percent(), b.busy_passes()));
             let host_busy = host_window.percent();
             let host_passes = host_window.busy_passes();
@@ -421,14 +443,32 @@ pub fn qpairs(
                 c.add(
                     &case,
                     "I/O per target pass",
-                    per_pass(report.total.ios, passes),
+                    ratio(report.total.ios, passes),
                 );
                 c.add(&case, "host busy %", host_busy);
                 c.add(
                     &case,
                     "I/O per host pass",
-                    per_pass(report.total.ios, host_passes),
+                    ratio(report.total.ios, host_passes),
                 );
+                for (column, before, after) in [
+                    (
+                        "target completions per I/O",
+                        completions_before.0,
+                        completions_after.0,
+                    ),
+                    (
+                        "host completions per I/O",
+                        completions_before.1,
+                        completions_after.1,
+                    ),
+                ] {
+                    c.add(
+                        &case,
+                        column,
+                        ratio(after.saturating_sub(before), report.total.ios),
+                    );
+                }
             }
             // Freed memory is not given back to the system: after a bigger case, RSS stays
             // high, so only the first run (cases in ascending order) measures it.
@@ -482,6 +522,7 @@ pub fn qpairs(
                  same share for the host's reactor over the run (its drain included)."
             ));
             notes.push(PASS_NOTE.into());
+            notes.push(COMPLETIONS_NOTE.into());
         }
         notes
     };
@@ -557,7 +598,7 @@ pub fn add_wire_share(sections: &mut [Section]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{io_qpairs, per_pass};
+    use super::{io_qpairs, ratio};
 
     #[test]
     fn qpairs_fit_one_poll_group_with_their_admin_queues() {
@@ -569,8 +610,9 @@ mod tests {
     }
 
     #[test]
-    fn io_per_pass_is_the_ratio_and_zero_without_busy_passes() {
-        assert_eq!(per_pass(1000, 250), 4.0);
-        assert_eq!(per_pass(1000, 0), 0.0);
+    fn a_ratio_is_the_count_over_its_units_and_zero_without_units() {
+        assert_eq!(ratio(1000, 250), 4.0);
+        assert_eq!(ratio(2000, 1000), 2.0);
+        assert_eq!(ratio(1000, 0), 0.0);
     }
 }

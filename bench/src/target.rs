@@ -140,6 +140,19 @@ impl InProcessTarget {
         self.runtime.as_ref().expect("runtime lives until stop")
     }
 
+    /// Completions the target's poll groups have reaped from their CQs so far (control path:
+    /// a message to each group's reactor).
+    pub fn completions(&self) -> Result<u64> {
+        let transport = self
+            .transport
+            .as_ref()
+            .context("the transport is stopped")?;
+        let counts = transport
+            .each_group(|g| g.snapshot().counters.completions)
+            .context("reading the poll groups' counters")?;
+        Ok(counts.into_iter().map(|(_, n)| n).sum())
+    }
+
     /// Stop as the daemon does: the transport (qpairs drained), then the reactors.
     pub fn stop(mut self) -> Result<()> {
         self.shutdown()

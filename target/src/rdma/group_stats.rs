@@ -68,6 +68,8 @@ pub struct DataBuffers {
 /// The group's counters since it started: traffic, waits, and the errors it keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct GroupCounters {
+    /// Completions reaped from the CQ (capsules' receives and the send side's own).
+    pub completions: u64,
     pub capsules: u64,
     pub qpairs_added: u64,
     pub qpairs_gone: u64,
@@ -127,6 +129,7 @@ impl GroupSnapshot {
                 free: pg.buffers_free(),
             },
             counters: GroupCounters {
+                completions: s.completions,
                 capsules: s.capsules,
                 qpairs_added: s.qpairs_added,
                 qpairs_gone: s.qpairs_gone,

@@ -532,6 +532,43 @@ fn discovery(fabric: SoftFabric) {
     );
 }
 
+/// The groups' `completions` counter counts every completion reaped, the send side's too: a
+/// command costs its capsule's receive completion and at least its response SEND's.
+fn completions_counted(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let counts = || {
+        rig.tr
+            .as_ref()
+            .unwrap()
+            .each_group(|g| {
+                let c = g.snapshot().counters;
+                (c.completions, c.capsules)
+            })
+            .unwrap()
+            .into_iter()
+            .fold((0, 0), |a, (_, c)| (a.0 + c.0, a.1 + c.1))
+    };
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    connect_to(&mut admin, 0, CNTLID_DYNAMIC, DISCOVERY_NQN);
+    enable(&mut admin);
+    let before = counts();
+    let mut log = Sqe::new(0x02, 0, 0);
+    log.cdw10 = 0x70 | ((4096u32 / 4 - 1) << 16);
+    log.set_sgl1(admin.keyed(0, 4096));
+    let c = admin.exec(log, &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    // The response's send completion may be reaped in a later pass than the answer.
+    wait_until("the response's send completion reaped", || {
+        let after = counts();
+        after.0 - before.0 > after.1 - before.1
+    });
+    let after = counts();
+    assert!(
+        after.1 > before.1,
+        "the capsule counted: {before:?} -> {after:?}"
+    );
+}
+
 /// The host drops its I/O qpair while a write's block I/O is in flight: the request keeps its
 /// buffers and the NVMe queue stays until the block device completes, then everything goes
 /// back.
@@ -990,6 +1027,7 @@ on_both_fabrics! {
     large_transfers_inproc, large_transfers_tcp => large_transfers;
     slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
+    completions_inproc, completions_tcp => completions_counted;
     null_zeroes_inproc, null_zeroes_tcp => null_reads_never_see_stale_data;
     in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
     in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
