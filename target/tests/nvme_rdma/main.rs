@@ -532,8 +532,9 @@ fn discovery(fabric: SoftFabric) {
     );
 }
 
-/// The groups' `completions` counter counts every completion reaped, the send side's too: a
-/// command costs its capsule's receive completion and at least its response SEND's.
+/// The groups' `completions` counter counts every completion reaped, the send side's too: once
+/// commands were answered it has grown by more than the capsules (whose receive completions it
+/// counts as well), and a command was counted as a capsule.
 fn completions_counted(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
     let counts = || {
