@@ -63,12 +63,7 @@ fn held_capsules(rig: &Rig, len: usize) -> Vec<Vec<u8>> {
 
 /// Capsules the groups received so far.
 fn capsules_received(rig: &Rig) -> u64 {
-    let tr = rig.tr.as_ref().unwrap();
-    tr.each_group(|g| g.snapshot().counters.capsules)
-        .unwrap()
-        .into_iter()
-        .map(|(_, n)| n)
-        .sum()
+    rig.reaped().1
 }
 
 /// Admin queue, then I/O queues 1..=3 of one controller. Placement is round robin over the

@@ -167,6 +167,18 @@ impl Rig {
         }
     }
 
+    /// Sum over the groups of (completions reaped, capsules received) since they started.
+    fn reaped(&self) -> (u64, u64) {
+        let tr = self.tr.as_ref().unwrap();
+        tr.each_group(|g| {
+            let c = g.snapshot().counters;
+            (c.completions, c.capsules)
+        })
+        .unwrap()
+        .into_iter()
+        .fold((0, 0), |sum, (_, c)| (sum.0 + c.0, sum.1 + c.1))
+    }
+
     /// Sum over the groups of (requests in use, free buffers, NVMe queues).
     fn usage(&self) -> (usize, u32, usize) {
         let u = self.usage_full();
@@ -537,22 +549,10 @@ fn discovery(fabric: SoftFabric) {
 /// counts as well), and a command was counted as a capsule.
 fn completions_counted(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let counts = || {
-        rig.tr
-            .as_ref()
-            .unwrap()
-            .each_group(|g| {
-                let c = g.snapshot().counters;
-                (c.completions, c.capsules)
-            })
-            .unwrap()
-            .into_iter()
-            .fold((0, 0), |a, (_, c)| (a.0 + c.0, a.1 + c.1))
-    };
     let mut admin = HostQueue::connect(rig.addr, 0, 32);
     connect_to(&mut admin, 0, CNTLID_DYNAMIC, DISCOVERY_NQN);
     enable(&mut admin);
-    let before = counts();
+    let before = rig.reaped();
     let mut log = Sqe::new(0x02, 0, 0);
     log.cdw10 = 0x70 | ((4096u32 / 4 - 1) << 16);
     log.set_sgl1(admin.keyed(0, 4096));
@@ -560,10 +560,10 @@ fn completions_counted(fabric: SoftFabric) {
     assert!(c.status.is_success(), "{c:?}");
     // The response's send completion may be reaped in a later pass than the answer.
     wait_until("the response's send completion reaped", || {
-        let after = counts();
+        let after = rig.reaped();
         after.0 - before.0 > after.1 - before.1
     });
-    let after = counts();
+    let after = rig.reaped();
     assert!(
         after.1 > before.1,
         "the capsule counted: {before:?} -> {after:?}"
