@@ -82,14 +82,21 @@ pub struct HostGroupConfig {
     pub max_queue_depth: u32,
     /// Request objects (commands in flight over all queues of the group); the sum of the
     /// member queues' depths must fit. With an SRQ, also its response slots (at least 64, plus
-    /// one poll's batch).
+    /// one poll's batch). The poll group gets a quarter more: a command's SEND posted without
+    /// a completion of its own keeps its object past the response until a later completion on
+    /// its qpair retires it (`SILENT_HEADROOM`).
     pub requests: u32,
 }
 
+/// The poll group's request objects beyond `HostGroupConfig::requests`: one in this many. What
+/// the queues' depths do not claim, command SENDs that went without a completion of their own
+/// may hold (the poll group's `silent.rs`); with none, every command's SEND is signaled.
+const SILENT_HEADROOM: u32 = 4;
+
 impl Default for HostGroupConfig {
     fn default() -> Self {
-        // CQ: 64 * 128 receives + 1024 requests' chains + markers = 25,664 entries, inside
-        // rxe's 32,767.
+        // CQ: 64 * 128 receives + 1280 requests' chains (1024 and the silent headroom) +
+        // markers = 30,016 entries, inside rxe's 32,767.
         Self {
             max_queues: 64,
             max_queue_depth: 128,
@@ -283,12 +290,14 @@ impl GroupEvents {
 
 impl HostGroup {
     fn new(ctx: &Context, cfg: HostGroupConfig, home: QueueHome) -> Result<Self, TransportError> {
-        // One response per request object in flight: `requests` slots cover every queue. On
+        // One response per request object (the headroom's included: the SRQ is sized with
+        // the group's `max_requests`, which `NextPass` checks): they cover every queue. On
         // an SRQ a poll's freed slots go back after the submissions that follow it (off the
         // next command's path), which keeps up to a batch of them off the SRQ: that many more.
         let batch = PollGroupConfig::default().batch;
+        let requests = cfg.requests.saturating_add(cfg.requests / SILENT_HEADROOM);
         let (recv, srq_depth, recv_repost) = if ctx.query_device()?.raises_last_wqe_reached {
-            let depth = cfg.requests.max(64).saturating_add(batch as u32);
+            let depth = requests.max(64).saturating_add(batch as u32);
             (RecvMode::Srq, depth, RecvRepost::NextPass)
         } else {
             let recvs = cfg.max_queue_depth;
@@ -309,7 +318,7 @@ impl HostGroup {
             // queue's region. One unit because the pool cannot be empty.
             io_unit_size: 64,
             data_buffers: 1,
-            max_requests: cfg.requests,
+            max_requests: requests,
             batch,
             recv_repost,
             ..PollGroupConfig::default()
@@ -344,8 +353,9 @@ impl HostGroup {
     /// Takes `side` in with `depth` request objects reserved; returns its token.
     pub(super) fn join(&mut self, side: Side, depth: u32) -> Result<u64, ConnectError> {
         let reserved: u32 = self.reserved.iter().sum();
-        // What the poll group really has: it caps request objects to fit a small device CQ.
-        let capacity = self.pg.config().max_requests;
+        // What the poll group really has (it caps request objects to fit a small device CQ),
+        // less the headroom for silent SENDs.
+        let capacity = self.pg.config().max_requests.min(self.cfg.requests);
         if reserved + depth > capacity {
             return Err(ConnectError::Resources(format!(
                 "host poll group of {:?} is full: {reserved} of {capacity} request objects \

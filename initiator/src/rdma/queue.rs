@@ -7,8 +7,10 @@
 //! region), and files the request under its CID. The SEND goes on the wire at the end of the
 //! group's next poll, or at once on `flush` (the end of a submit batch). A response is routed by the group to this
 //! queue's side, matched by CID and handed to the group (`response_received`); the group
-//! calls `request_complete` once the SEND completed too, and only then is the CQE queued for
-//! `poll`. A qpair that drains (peer disconnect, error, flush) makes this queue lost, and only
+//! calls `request_complete` once the SEND completed too (or, for a SEND of the SQE alone that
+//! went without a completion of its own, at the response: the request object, whose capsule
+//! slot the device may still read, is held until a later completion), and only then is the
+//! CQE queued for `poll`. A qpair that drains (peer disconnect, error, flush) makes this queue lost, and only
 //! this one: `poll` and `submit` report `Disconnected` from then on and queued CQEs are
 //! dropped with the connection (the initiator fails what was in flight).
 //!
@@ -292,6 +294,10 @@ impl RdmaQueue {
             inline: false,
         };
         let posted = match &window {
+            // The SQE in the request's capsule slot only: the request owns all the SEND reads,
+            // so it may go without a completion (reported at its response, the object held
+            // until a later completion). In-capsule data is the consumer's region: it waits.
+            None if sges.len() == 1 => pg.post_chain_owned(req, &[send], false),
             None => pg.post_chain(req, &[send], false),
             Some((
                 _,

@@ -284,7 +284,9 @@ impl NvmeHandler {
     /// response `send`) of the request's first `count` keyed descriptors, from where the last chain stopped
     /// (`Command::moved`), as much as one chain holds; the response SEND goes last in the chain
     /// that ends the transfer. A transfer that needs more SGEs or work requests than a chain
-    /// holds takes several chains, each posted when the one before it completed.
+    /// holds takes several chains, each posted when the one before it completed. A chain's
+    /// local memory is all the request's own (its data buffers, its response slot by request
+    /// index, the SEND inline): posted owned, so a lone response may go without a completion.
     fn post_next(
         &self,
         pg: &mut PollGroup<Command>,
@@ -330,8 +332,8 @@ impl NvmeHandler {
                     r.user.moved = length;
                 }
                 let result = match response {
-                    Some(response) => pg.post_chain(req, &[data, response], true),
-                    None => pg.post_chain(req, &[data], false),
+                    Some(response) => pg.post_chain_owned(req, &[data, response], true),
+                    None => pg.post_chain_owned(req, &[data], false),
                 };
                 return result.map_err(|e| e.to_string());
             }
@@ -364,7 +366,7 @@ impl NvmeHandler {
             r.user.moved = end;
         }
         let answers = send.is_some() && last;
-        pg.post_chain(req, &chain, answers)
+        pg.post_chain_owned(req, &chain, answers)
             .map_err(|e| e.to_string())
     }
 

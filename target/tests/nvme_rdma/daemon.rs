@@ -279,11 +279,13 @@ fn stats_file_shows_qpairs_and_receive_slots_of_every_group() {
     let c = io.exec(rw(0x01, 0, 8, io.keyed(0, 4096)), &[]).unwrap();
     assert!(c.status.is_success(), "{c:?}");
 
-    // The target frees the request when its response SEND completes, which needs the host's
-    // ACK: soft TCP may hold that ACK for up to one ACK timer tick once this host stops
-    // polling. So the idle state is waited for, not read from the first snapshot.
+    // The target frees the request when its response SEND is retired: by its own completion,
+    // or by the silent flush of an idle group, which over soft TCP the host acknowledges when
+    // it polls. So the idle state is waited for, not read from the first snapshot.
     let mut s = serde_json::Value::Null;
     wait_until("every request of the daemon freed", || {
+        admin.poll_once();
+        io.poll_once();
         s = fresh_stats(&daemon, &stats);
         s["reactors"].as_array().unwrap().iter().all(|r| {
             r["groups"]

@@ -87,7 +87,7 @@ fn session(rig: &Rig, depth: u16) -> (HostQueue, [HostQueue; 3]) {
 pub(crate) fn held_in_place(fabric: SoftFabric) {
     const HELD: u32 = 16;
     let rig = Rig::new(fabric);
-    let (admin, [mut io1, io2, mut io3]) = session(&rig, 32);
+    let (mut admin, [mut io1, mut io2, mut io3]) = session(&rig, 32);
     let all = SRQ_DEPTH * REACTORS as u32;
     wait_until("every slot posted", || rig.recv_slots() == (all, 0, 0));
 
@@ -111,11 +111,14 @@ pub(crate) fn held_in_place(fabric: SoftFabric) {
         rig.usage_full().3 == HELD as usize
     });
     assert_eq!(rig.recv_slots(), (all - HELD, 0, HELD), "their slots held");
-    // The session's Connect data (READ into a buffer) comes back when its answer's SEND
-    // completes: over soft TCP that waits for the host's ACK, which a host that stopped
-    // polling that queue sends on the device's ACK timer. Then every buffer is free: the
-    // held writes took none.
+    // The session's Connect data (READ into a buffer) comes back when its answer's SEND is
+    // retired: by its own completion or by the silent flush of an idle group, which over
+    // soft TCP the host acknowledges when it polls (the held writes' answers cannot come
+    // before the gate opens). Then every buffer is free: the held writes took none.
     wait_until("no data buffer taken", || {
+        for queue in [&mut admin, &mut io1, &mut io2, &mut io3] {
+            queue.poll_once();
+        }
         rig.usage().1 == BUFFERS * REACTORS as u32
     });
 
@@ -149,7 +152,7 @@ pub(crate) fn held_in_place(fabric: SoftFabric) {
 /// is done, then it goes back to the SRQ.
 pub(crate) fn qpair_gone_while_held(fabric: SoftFabric) {
     let rig = Rig::new(fabric);
-    let (admin, [mut io1, io2, mut io3]) = session(&rig, 32);
+    let (mut admin, [mut io1, mut io2, mut io3]) = session(&rig, 32);
     let all = SRQ_DEPTH * REACTORS as u32;
     wait_until("every slot posted", || rig.recv_slots() == (all, 0, 0));
 
@@ -162,7 +165,11 @@ pub(crate) fn qpair_gone_while_held(fabric: SoftFabric) {
         rig.usage_full().3 == 1
     });
     io1.disconnect();
+    // The other queues' answers went silent: their flushes are acknowledged as the host polls.
     wait_until("the qpair gone, its write still held", || {
+        for queue in [&mut admin, &mut io2, &mut io3] {
+            queue.poll_once();
+        }
         let (reqs, _, queues, pending, qpairs) = rig.usage_full();
         qpairs == 3 && reqs == 1 && pending == 1 && queues == 4
     });
@@ -178,6 +185,9 @@ pub(crate) fn qpair_gone_while_held(fabric: SoftFabric) {
 
     rig.gate.store(true, Ordering::Release);
     wait_until("the write finished, its slot back on the SRQ", || {
+        for queue in [&mut admin, &mut io2, &mut io3] {
+            queue.poll_once();
+        }
         let (reqs, _, queues, pending, _) = rig.usage_full();
         reqs == 0 && pending == 0 && queues == 3 && rig.recv_slots() == (all, 0, 0)
     });

@@ -10,7 +10,10 @@
 //! - a received capsule is a response: `Handler::response` gets its bytes (CQE first), the
 //!   initiator matches the CID and calls `response_received(req)`; the request completes
 //!   (`Handler::request_complete`) when both its SEND completion and its response are in, in
-//!   either order (a host must not reuse the command's buffers before both).
+//!   either order (a host must not reuse the command's buffers before both). A SEND posted
+//!   with `post_chain_owned` that went silent (`silent.rs`) completes at its response: its
+//!   depth slot goes back at `finish`, its object (what the SEND reads) when a later
+//!   completion retires the SEND.
 //!
 //! Commands in flight per qpair are bounded by its depth: `submit` refuses past it.
 //!
@@ -106,11 +109,15 @@ impl<R: Default> PollGroup<R> {
     }
 
     /// Host side: `req`'s response arrived (the initiator matched its CID). Completes it now
-    /// if its SEND completion is in too, else when that comes.
+    /// if its SEND completion is in too, or its SEND went silent with only the request's own
+    /// memory (`post_chain_owned`); else when that completion comes.
     pub fn response_received(&mut self, req: ReqId) -> Result<()> {
         let r = self
             .request_mut(req)
             .ok_or_else(|| TransportError::InvalidArgument(format!("no request {req:?}")))?;
+        // A silent SEND of the request's own memory: the response says the target had the
+        // command; the object stays held until a later completion retires the SEND.
+        let sent = r.silent && r.owned;
         let Some(p) = r.host.as_mut() else {
             return Err(TransportError::InvalidArgument(format!(
                 "{req:?} is not a host request"
@@ -122,7 +129,7 @@ impl<R: Default> PollGroup<R> {
             )));
         }
         p.response = true;
-        if p.send_done && !p.reported {
+        if (p.send_done || sent) && !p.reported {
             p.reported = true;
             self.completed.push(req);
         }

@@ -148,6 +148,7 @@ impl<R: Default> PollGroup<R> {
         ));
         self.tree.insert(QpairNode::new(qp_num, index));
         self.qpn_cache.fill(qp_num, index);
+        self.depth_sum = self.depth_sum.saturating_add(depth);
         let recvs = self.recvs_per_qpair();
         if recvs > 0 {
             // check_room made sure the pool has them; posted at the end of the poll.
@@ -445,6 +446,7 @@ impl<R: Default> PollGroup<R> {
         drop(q.qp.take());
         drop(q.cm_id.take());
         self.recv.unassign(qref.index);
+        self.depth_sum = self.depth_sum.saturating_sub(q.depth);
         if self.srq.is_some() {
             self.recv.remove_peer_depth(q.depth);
         }

@@ -8,6 +8,8 @@
 //!   events for them; the group failing as a whole when its CQ does.
 //! - `request.rs`: request objects (a slab sized at start) and what the layer above calls.
 //! - `chain.rs`: a request's chain of WRs, stored in the request, and its exact accounting.
+//! - `silent.rs`: chains posted without a completion of their own, what they hold meanwhile,
+//!   and their retirement by a later completion on their qpair.
 //! - `host.rs`: the host (initiator) personality: per-qpair receive queues, requests born by
 //!   `submit`, completion when both the SEND completion and the response are in.
 //! - `qpair.rs`, `recv.rs`, `buffers.rs`, `fifo.rs`, `wrid.rs`: the pieces.
@@ -30,6 +32,7 @@ mod qpair;
 mod qpn_cache;
 mod recv;
 mod request;
+mod silent;
 mod stats;
 pub mod wrid;
 
@@ -65,6 +68,9 @@ use recv::RecvSlots;
 pub const MAX_BATCH: usize = 64;
 /// Capsule header size: the 64-byte SQE.
 pub const CAPSULE_HEADER: u32 = 64;
+/// Most lone answers in a row without a completion ([`PollGroupConfig::silent_answers`]):
+/// each holds its request object until a later completion on its qpair.
+pub const MAX_SILENT_ANSWERS: u32 = 64;
 
 /// How a poll group is sized. Everything is allocated at creation; nothing grows per I/O.
 #[derive(Clone, Debug)]
@@ -95,6 +101,16 @@ pub struct PollGroupConfig {
     /// When freed receive slots are posted again ([`RecvRepost`]: `NextPass` only for a host
     /// group on an SRQ with `srq_depth >= max_requests + batch`).
     pub recv_repost: RecvRepost,
+    /// Lone answers (a list of one response, or of one host command) a qpair may post in a
+    /// row without a completion of their own, each retired by a later completion on its qpair
+    /// (`silent.rs`); the next one asks for a completion. 0: every list's last chain is
+    /// signaled.
+    pub silent_answers: u32,
+    /// Polls in a row that reap nothing before the qpairs' silent chains are flushed (a
+    /// signaled zero-length RDMA WRITE each retires them; `silent.rs`). Long enough that a
+    /// loaded reactor's gaps between bursts do not reach it; a reactor about to sleep flushes
+    /// at once (`arm`).
+    pub silent_flush_idle_polls: u32,
 }
 
 impl Default for PollGroupConfig {
@@ -111,6 +127,8 @@ impl Default for PollGroupConfig {
             drain_timeout: Duration::from_secs(5),
             drain_grace: Duration::from_millis(20),
             recv_repost: RecvRepost::EndOfPass,
+            silent_answers: 3,
+            silent_flush_idle_polls: 4096,
         }
     }
 }
@@ -214,6 +232,9 @@ impl PollGroupConfig {
         if self.io_unit_size == 0 {
             return bad("io_unit_size must be above 0");
         }
+        if self.silent_answers > MAX_SILENT_ANSWERS {
+            return bad(&format!("silent_answers must be 0..={MAX_SILENT_ANSWERS}"));
+        }
         Ok(())
     }
 }
@@ -268,6 +289,12 @@ pub struct PollGroup<R = ()> {
     wcs: Vec<WorkCompletion>,
     /// Host requests whose SEND and response are both in: reported at the end of the poll.
     completed: Vec<ReqId>,
+    /// What silent chains hold now (`silent.rs`).
+    held: silent::Held,
+    /// The live qpairs' depths summed: a host group's requests that commands may take.
+    depth_sum: u32,
+    /// Polls in a row that reaped nothing.
+    idle_streak: u32,
     recv: RecvSlots,
     bufs: DataBuffers,
     srq: Option<Srq>,
@@ -388,6 +415,9 @@ impl<R> PollGroup<R> {
             carried: VecDeque::with_capacity(1),
             wcs: vec![WorkCompletion::default(); MAX_BATCH],
             completed: Vec::with_capacity(nreq),
+            held: silent::Held::default(),
+            depth_sum: 0,
+            idle_streak: 0,
             recv,
             bufs,
             srq,
@@ -453,6 +483,11 @@ impl<R> PollGroup<R> {
             return Ok(Some([None, None]));
         }
         self.cq.req_notify(false)?;
+        // Before sleeping, what silent chains hold goes back (`silent.rs`); the flushes'
+        // completions wake the reactor (the CQ is armed).
+        if self.held.requests > 0 {
+            self.flush_silent();
+        }
         if self.recv.queued() > 0
             || !self.dirty.is_empty()
             || !self.carried.is_empty()

@@ -9,7 +9,7 @@
 //!   capsule waits in its qpair's FIFO.
 //! - SEND / READ / WRITE: the request by slab index, checked by generation and state (a stale
 //!   completion is counted and dropped), the silent chains posted before it on its qpair (done:
-//!   see `silence`), its chain's accounting, and its qpair by the slab index the request holds
+//!   see `silent.rs`), its chain's accounting, and its qpair by the slab index the request holds
 //!   (no lookup); an error starts draining the qpair.
 //! - DRAIN MARKER: the qpair's send queue has flushed; every WR posted before it is done.
 //!
@@ -21,11 +21,12 @@
 use arrayvec::ArrayVec;
 
 use crate::error::{Result, TransportError};
-use crate::types::{SendFlags, SendWr, WcStatus, WorkCompletion};
+use crate::types::{SendWr, WcStatus, WorkCompletion};
 
-use super::chain::{Chain, Retired};
+use super::chain::{MAX_CHAIN_WRS, Retired};
 use super::qpair::{DrainReason, QpRef, QpairPhase, live_mut};
 use super::request::{Handler, RequestState};
+use super::silent::silence;
 use super::wrid::{self, WrId, WrKind};
 use super::{MAX_BATCH, PollGroup, RecvRepost};
 
@@ -75,6 +76,13 @@ impl<R: Default> PollGroup<R> {
         self.stats.polls += 1;
         if n == 0 {
             self.stats.idle_polls += 1;
+            // Quiet for a while: what silent chains hold goes back (`silent.rs`).
+            self.idle_streak += 1;
+            if self.idle_streak == self.cfg.silent_flush_idle_polls && self.held.requests > 0 {
+                self.flush_silent();
+            }
+        } else {
+            self.idle_streak = 0;
         }
         self.stats.completions += n as u64;
         // The capsules of the batch were written by the peer's core: start every line's
@@ -136,6 +144,7 @@ impl<R: Default> PollGroup<R> {
                 self.on_send_side(h, wc, id)
             }
             WrKind::DrainMarker => self.on_marker(h, wc, id),
+            WrKind::SilentFlush => self.on_silent_flush(h, wc, id),
         }
     }
 
@@ -326,7 +335,7 @@ impl<R: Default> PollGroup<R> {
     /// WRs left `qref`'s send queue: room for whatever waits there.
     // Once per send completion: out of line it costs more than the lookup it saves.
     #[inline(always)]
-    fn retired_on(&mut self, qref: QpRef, retired: Retired) {
+    pub(super) fn retired_on(&mut self, qref: QpRef, retired: Retired) {
         if let Some(q) = live_mut(&mut self.qpairs, qref) {
             q.release(retired.wrs, retired.reads);
             super::mark_dirty_held(&mut self.dirty, q, qref.index);
@@ -349,9 +358,7 @@ impl<R: Default> PollGroup<R> {
         }
         // Every WR posted before the marker is done: unsignaled ones whose signaled tail
         // never reached the QP (a partly posted chain, silent chains) are retired here.
-        if let Some(q) = live_mut(&mut self.qpairs, qref) {
-            q.silent.clear(&mut self.req_links);
-        }
+        self.clear_silent(qref);
         let posted: Vec<u32> = self
             .reqs
             .iter()
@@ -420,6 +427,8 @@ impl<R: Default> PollGroup<R> {
         // The last list went with `post_send_more`: its transmission waits for the next one.
         let mut held = false;
         loop {
+            // Read before the qpair is borrowed; the last list's silent chains are in it.
+            let room = self.silent_room();
             // Only the entries used are written.
             let mut batch = ArrayVec::<u32, POST_WRS>::new();
             // The FIFO emptied into this batch: no pass after it (nothing below adds to it).
@@ -479,7 +488,28 @@ impl<R: Default> PollGroup<R> {
                     }
                     return;
                 }
-                silent = silence(&self.chains, &batch, &ends, &mut wrs);
+                // A lone answer may go silent past this list: see `silent.rs`.
+                let lone = emptied
+                    && batch.len() == 1
+                    && q.lone_silent < self.cfg.silent_answers
+                    && q.sq_slots.saturating_sub(q.sq_used) >= MAX_CHAIN_WRS as u32;
+                let reqs = &self.reqs;
+                silent = silence(
+                    &self.chains,
+                    &batch,
+                    &ends,
+                    &mut wrs,
+                    room.filter(|_| lone),
+                    |index| {
+                        let r = &reqs[index as usize];
+                        r.owned.then(|| r.buffer_count() as u32)
+                    },
+                );
+                q.lone_silent = if silent >> (batch.len() - 1) & 1 != 0 {
+                    q.lone_silent + 1
+                } else {
+                    0
+                };
                 let at = wrs.len();
                 self.stats.send_post_calls += 1;
                 self.stats.send_wrs_posted += at as u64;
@@ -567,93 +597,15 @@ impl<R: Default> PollGroup<R> {
     }
 }
 
-/// Silent chains: in a list of several chains, the chains whose completion would only free
-/// them (their last WR a SEND: a response, or a host's command) go without a signaled WR when
-/// a later one of the same kind ends the list; the list's later completion says they are done
-/// (RC completes a send queue in order, and a failed WR completes on its own whatever its
-/// flags). So a list of N responses costs one completion instead of N: one CQ entry, one reap,
-/// one send-queue retirement. Only the run of such chains that ends the list goes silent: a
-/// READ chain keeps its completion (it moves its command on), and an answer posted before a
-/// READ is not held behind the READ's round trip. Returns the silent chains as bits of `batch`.
-fn silence(chains: &[Chain], batch: &[u32], ends: &[u8], wrs: &mut [SendWr<'_>]) -> u32 {
-    let answers = |index: u32| chains[index as usize].last_kind() == WrKind::Send;
-    let mut silent = 0u32;
-    let Some((&tail, before)) = batch.split_last() else {
-        return 0;
-    };
-    if !answers(tail) {
-        return 0;
-    }
-    for (k, (&index, &end)) in before.iter().zip(ends).enumerate().rev() {
-        if !answers(index) {
-            break;
-        }
-        wrs[end as usize].flags.remove(SendFlags::SIGNALED);
-        silent |= 1 << k;
-    }
-    silent
-}
-
-impl<R: Default> PollGroup<R> {
-    /// The chains `silent` names reached the QP without a completion of their own: they wait,
-    /// in post order, for the next completion of a later chain on `qref`.
-    fn went_silent(&mut self, qref: QpRef, batch: &[u32], silent: u32) {
-        if silent == 0 {
-            return;
-        }
-        let Some(q) = live_mut(&mut self.qpairs, qref) else {
-            return;
-        };
-        for (k, &index) in batch.iter().enumerate() {
-            if silent >> k & 1 != 0 {
-                q.silent.push_back(&mut self.req_links, index);
-            }
-        }
-        self.stats.silent_chains += u64::from(silent.count_ones());
-    }
-
-    /// A completion for chain `index` (posted, live) on `qref`: every silent chain posted
-    /// before it is done, successfully (a failed WR would have completed on its own, before
-    /// this one). If `index` itself was silent, it reports on its own from now on (a flush or
-    /// an error completes each WR).
-    fn retire_silent_before<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef, index: u32) {
-        let seq = self.reqs[index as usize].post_seq;
-        loop {
-            let Some(q) = live_mut(&mut self.qpairs, qref) else {
-                return;
-            };
-            let Some(front) = q.silent.front() else {
-                return;
-            };
-            if front == index {
-                q.silent.unlink(&mut self.req_links, index);
-                return;
-            }
-            // Wrapping order: the front was posted after `index` (a later list).
-            if (self.reqs[front as usize].post_seq.wrapping_sub(seq) as i32) > 0 {
-                return;
-            }
-            q.silent.pop_front(&mut self.req_links);
-            let r = &self.reqs[front as usize];
-            if r.state != RequestState::Posted || r.aborted() {
-                continue;
-            }
-            let retired = self.chains[front as usize].retire_all();
-            self.retired_on(qref, retired);
-            self.stats.silent_retired += 1;
-            self.chain_over(h, front);
-        }
-    }
-}
-
 #[cfg(all(test, feature = "soft"))]
 mod tests {
     use super::*;
     use crate::device::{Context, DeviceSpec};
-    use crate::pollgroup::chain::ChainWr;
+    use crate::pollgroup::chain::{Chain, ChainWr};
     use crate::pollgroup::lifecycle::QpairEvent;
     use crate::pollgroup::request::ReqId;
     use crate::pollgroup::{PollGroupConfig, SlotState};
+    use crate::types::SendFlags;
     use crate::types::SendOp;
     use crate::types::{SoftConfig, SoftFabric, WcOpcode};
 
@@ -799,7 +751,7 @@ mod tests {
                 c.work_requests(1, i as u32, &mut wrs);
             }
             let ends: Vec<u8> = (0..ops.len() as u8).collect();
-            let mask = silence(&chains[..], &batch, &ends, &mut wrs);
+            let mask = silence(&chains[..], &batch, &ends, &mut wrs, None, |_| Some(0));
             let signaled: Vec<bool> = wrs
                 .iter()
                 .map(|w| w.flags.contains(SendFlags::SIGNALED))
@@ -952,6 +904,60 @@ mod tests {
             h.complete.clear();
         }
         assert_eq!(pg.requests_in_use(), 0);
+    }
+
+    /// A host command whose SEND went silent holding only its request's memory completes at
+    /// its response: `finish` gives its depth slot back (the next command fits a depth-1
+    /// qpair), and the object stays until a later completion on the qpair retires the SEND.
+    #[test]
+    fn a_silent_owned_host_command_completes_at_its_response() {
+        let (ctx, cfg) = tiny("host-silent");
+        let mut pg = PollGroup::<()>::new_host(&ctx, cfg, crate::pollgroup::RecvMode::Srq).unwrap();
+        let qp = pg.create_qp().unwrap();
+        let qpn = pg.add_qp(qp, 1, 1, 0).unwrap();
+        let handle = pg.qpair_handle(qpn).unwrap();
+        let mut h = Host::default();
+        let send = [ChainWr {
+            op: SendOp::Send,
+            sges: &[],
+            inline: false,
+        }];
+        let post = |pg: &mut PollGroup<()>, req: ReqId| {
+            pg.chains[req.index as usize].set(&send, 0).unwrap();
+            pg.reqs[req.index as usize].owned = true;
+            pg.chain_posted(req.index);
+            pg.qpairs[handle.0.index as usize].reserve(1, 0);
+        };
+        let first = pg.submit(handle).unwrap();
+        post(&mut pg, first);
+        pg.went_silent(handle.0, &[first.index], 0b1);
+        h.in_flight = Some(first);
+        pg.dispatch(
+            &mut h,
+            &WorkCompletion {
+                wr_id: wrid::recv(0),
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                qp_num: qpn,
+                byte_len: 16,
+                ..WorkCompletion::default()
+            },
+        );
+        pg.report_completed(&mut h);
+        assert_eq!(h.complete, vec![first], "complete at its response");
+        assert!(
+            pg.request(first).is_some(),
+            "held until its SEND is retired"
+        );
+        let second = pg.submit(handle).expect("the depth slot is back");
+        post(&mut pg, second);
+        h.complete.clear();
+        h.in_flight = Some(second);
+        pg.dispatch(&mut h, &send_wc(second, second.generation, qpn));
+        assert!(pg.request(first).is_none(), "retired and freed");
+        assert_eq!(pg.stats().silent_retired, 1);
+        assert!(h.complete.is_empty(), "the second waits for its response");
+        assert_eq!(pg.requests_in_use(), 1);
     }
 
     /// A target group keeps posted what its qpairs' peers may send plus a margin (two

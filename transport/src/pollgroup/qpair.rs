@@ -90,6 +90,12 @@ pub(crate) struct QpairState {
     /// in post order: the next completion on this qpair for a chain posted after them says
     /// they are done.
     pub silent: Fifo,
+    /// Lists in a row whose last chain went silent too (`silent.rs`): at
+    /// `PollGroupConfig::silent_answers` the next list's last chain asks for a completion.
+    pub lone_silent: u32,
+    /// A silent flush (`silent.rs`) is on the send queue, with its post number: it retires
+    /// the silent chains posted before it.
+    pub silent_flush: Option<u32>,
     /// Post number of the next chain posted on this qpair (wrapping; `Request::post_seq`).
     pub next_post_seq: u32,
     /// Capsules (Held slots) waiting for a request object, in order.
@@ -130,6 +136,8 @@ impl QpairState {
             reads_high_water: 0,
             to_post: Fifo::default(),
             silent: Fifo::default(),
+            lone_silent: 0,
+            silent_flush: None,
             next_post_seq: 0,
             waiting_capsules: Fifo::default(),
             in_waiting_list: false,

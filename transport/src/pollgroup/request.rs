@@ -73,6 +73,12 @@ pub struct Request<R> {
     depth_released: bool,
     /// The chain in storage answers the command.
     answers: bool,
+    /// The chain in storage reads and writes only memory this request holds
+    /// (`PollGroup::post_chain_owned`): it may wait for a later completion to retire it.
+    pub(crate) owned: bool,
+    /// Its chain is in its qpair's silent FIFO (posted without a completion of its own, not
+    /// yet retired): counted in the group's `Held`.
+    pub(crate) silent: bool,
     /// When its chain went to the send queue, in its qpair's post order (wrapping).
     pub(crate) post_seq: u32,
     /// Host side: born by `submit`; over when its SEND and its response are both in.
@@ -452,6 +458,32 @@ impl<R> PollGroup<R> {
     /// is posted. On a draining qpair the chain completes with `WrFlushErr`. Err: bad chain,
     /// one already in flight, or an aborted request.
     pub fn post_chain(&mut self, req: ReqId, chain: &[ChainWr<'_>], answers: bool) -> Result<()> {
+        self.post(req, chain, answers, false)
+    }
+
+    /// `post_chain` for a chain whose local memory is all the request's own until it is freed
+    /// (its data buffers, its capsule slot, the layer above's slots indexed by the request, or
+    /// inline data): one that ends a list with a SEND may then go without a completion of its
+    /// own and wait for a later completion on its qpair (`PollGroupConfig::silent_answers`).
+    /// A host request so posted is reported complete at its response (`request_complete`):
+    /// `finish` gives its depth slot back at once and frees the object when the chain is
+    /// retired.
+    pub fn post_chain_owned(
+        &mut self,
+        req: ReqId,
+        chain: &[ChainWr<'_>],
+        answers: bool,
+    ) -> Result<()> {
+        self.post(req, chain, answers, true)
+    }
+
+    fn post(
+        &mut self,
+        req: ReqId,
+        chain: &[ChainWr<'_>],
+        answers: bool,
+        owned: bool,
+    ) -> Result<()> {
         let max_inline = self.max_inline;
         // One lookup for the checks and the update (fields borrowed apart: the chain and the
         // buffers are written in between).
@@ -487,6 +519,7 @@ impl<R> PollGroup<R> {
             }
         }
         r.answers = answers;
+        r.owned = owned;
         r.state = RequestState::WaitingToPost;
         let qref = r.qpair;
         let q =
@@ -548,6 +581,15 @@ impl<R> PollGroup<R> {
         match r.state {
             RequestState::Posted if !r.aborted => {
                 r.finishing = true;
+                // A host request reported at its response while its SEND waits to be retired
+                // (silent): the command is over, so is its place in the queue's depth.
+                if r.host.is_some_and(|p| p.response) && !r.depth_released {
+                    r.depth_released = true;
+                    let qref = r.qpair;
+                    if let Some(q) = live_mut(&mut self.qpairs, qref) {
+                        q.outstanding = q.outstanding.saturating_sub(1);
+                    }
+                }
                 return;
             }
             RequestState::WaitingBuffers => {
@@ -568,6 +610,10 @@ impl<R> PollGroup<R> {
         // Read in place: the request (with the layer above's state) is a few hundred bytes,
         // and moving it out only to drop it was a memcpy per command.
         let r = &self.reqs[index as usize];
+        debug_assert!(
+            !r.silent,
+            "a silent chain's request is freed only once retired"
+        );
         for &b in &r.bufs[..r.nbufs as usize] {
             self.bufs.put(b);
         }
@@ -613,6 +659,8 @@ impl<R> PollGroup<R> {
             finishing: false,
             depth_released: false,
             answers: false,
+            owned: false,
+            silent: false,
             post_seq: 0,
             host: None,
             user: R::default(),
@@ -680,8 +728,8 @@ impl<R> PollGroup<R> {
         if let Some(q) = live_mut(&mut self.qpairs, qref) {
             // The qpair's FIFOs go with it: their links are free for the requests' next lives.
             q.to_post.clear(&mut self.req_links);
-            q.silent.clear(&mut self.req_links);
         }
+        self.clear_silent(qref);
         for index in ids {
             let r = &mut self.reqs[index as usize];
             r.aborted = true;

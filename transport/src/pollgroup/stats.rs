@@ -54,10 +54,15 @@ pub struct PollGroupStats {
     /// Of those calls, lists posted with `post_send_more` (another list to the same QP followed
     /// at once; its post transmits both).
     pub send_lists_held: u64,
-    /// Chains posted without a completion of their own (a later chain of the same list asked
-    /// for one), and such chains retired by a later completion on their qpair.
+    /// Chains posted without a completion of their own (a later chain of the same list, or of
+    /// a later list, asks for one), and such chains retired by a later completion on their
+    /// qpair.
     pub silent_chains: u64,
     pub silent_retired: u64,
+    /// Of the silent chains, lists' last chains (lone answers: `silent.rs`).
+    pub silent_lone: u64,
+    /// Zero-length RDMA WRITEs posted to retire a quiet qpair's silent chains.
+    pub silent_flushes: u64,
     /// Receive slots re-posted to the SRQ, and post calls (lists) used for them.
     pub recvs_posted: u64,
     pub recv_post_calls: u64,

@@ -35,6 +35,9 @@ pub enum WrKind {
     /// Memory-key work of a request (bind a memory window, invalidate a key): the host's
     /// per-I/O keys; index = request.
     KeyOp = 6,
+    /// The zero-length RDMA WRITE that retires a quiet qpair's silent chains (`silent.rs`);
+    /// index = qpair slab index.
+    SilentFlush = 7,
 }
 
 impl WrKind {
@@ -46,6 +49,7 @@ impl WrKind {
             4 => WrKind::Write,
             5 => WrKind::DrainMarker,
             6 => WrKind::KeyOp,
+            7 => WrKind::SilentFlush,
             _ => return None,
         })
     }
@@ -59,7 +63,7 @@ impl WrKind {
             (WrKind::Recv, O::Recv | O::RecvRdmaWithImm)
                 | (WrKind::Send | WrKind::DrainMarker, O::Send)
                 | (WrKind::Read, O::RdmaRead)
-                | (WrKind::Write, O::RdmaWrite)
+                | (WrKind::Write | WrKind::SilentFlush, O::RdmaWrite)
                 | (WrKind::KeyOp, O::BindMw | O::LocalInv)
         )
     }
@@ -128,6 +132,7 @@ mod tests {
             WrKind::Write,
             WrKind::DrainMarker,
             WrKind::KeyOp,
+            WrKind::SilentFlush,
         ] {
             for index in [0, 1, 4095, u32::MAX] {
                 for position in [0u8, 1, 16, 31] {

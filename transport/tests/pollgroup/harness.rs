@@ -106,7 +106,8 @@ fn post_answer(pg: &mut PollGroup<()>, req: ReqId) {
     pg.buffer_mut(req, 0)[..16].fill(0x5a);
     let mut sges = [Sge::default(); MAX_WR_SGES];
     let n = pg.buffer_sges(req, 16, &mut sges);
-    pg.post_chain(
+    // Its memory is the request's data buffer: a lone answer may go silent.
+    pg.post_chain_owned(
         req,
         &[ChainWr {
             op: SendOp::Send,
@@ -150,6 +151,8 @@ pub fn config(qpairs: u32) -> PollGroupConfig {
         drain_timeout: Duration::from_secs(20),
         drain_grace: Duration::from_millis(20),
         recv_repost: RecvRepost::EndOfPass,
+        silent_answers: 3,
+        silent_flush_idle_polls: 4096,
     }
 }
 

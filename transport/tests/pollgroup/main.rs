@@ -1,7 +1,7 @@
 //! Poll group behaviour on every provider: completions attributed by qp_num across 1000
 //! qpairs, orphaned receives re-posted and counted, drains with and without
-//! LAST_WQE_REACHED leaking nothing, and a host that overruns its queue depth disconnected
-//! alone. `cargo test --workspace orphan` runs the orphan cases; the verbs cases run on rxe in
+//! LAST_WQE_REACHED leaking nothing, a host that overruns its queue depth disconnected
+//! alone, and lone answers without a completion of their own held, budgeted and flushed. `cargo test --workspace orphan` runs the orphan cases; the verbs cases run on rxe in
 //! the QEMU lab (scripts/interop.sh verbs) and are ignored (reported as skipped) elsewhere.
 
 mod chains;
@@ -11,6 +11,7 @@ mod fixture;
 mod harness;
 mod host;
 mod script;
+mod silent;
 mod stress;
 
 use fixture::{Flavor, Fx};
@@ -400,6 +401,21 @@ macro_rules! pollgroup_suite {
             $(#[$attr])*
             fn last_wqe_for_healthy_qpair_ignored() {
                 crate::chains::last_wqe_for_healthy_qpair_ignored(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn lone_answers_are_held_until_a_later_completion() {
+                crate::silent::lone_answers_are_held_until_a_later_completion(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn a_quiet_group_flushes_its_silent_answers() {
+                crate::silent::a_quiet_group_flushes_its_silent_answers(F)
+            }
+            #[test]
+            $(#[$attr])*
+            fn silent_answers_hold_at_most_the_budget() {
+                crate::silent::silent_answers_hold_at_most_the_budget(F)
             }
         }
     };

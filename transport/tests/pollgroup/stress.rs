@@ -47,6 +47,8 @@ pub fn stress(flavor: Flavor, secs: u64) {
         drain_timeout: Duration::from_secs(10),
         drain_grace: Duration::from_millis(20),
         recv_repost: RecvRepost::EndOfPass,
+        silent_answers: 3,
+        silent_flush_idle_polls: 4096,
     };
     let shape = QpairShape {
         depth: 16,
