@@ -31,6 +31,7 @@ pub fn group_config(io_queues: usize, controllers: usize, depth: usize) -> HostG
         max_queues: (io_queues + controllers) as u32,
         max_queue_depth: depth.max(ADMIN_DEPTH) as u32,
         requests: (io_queues * depth + controllers * ADMIN_DEPTH) as u32,
+        ..HostGroupConfig::default()
     }
 }
 

@@ -45,8 +45,9 @@ const PASS_NOTE: &str = "I/O per target pass: the I/O the run completed over the
 
 const COMPLETIONS_NOTE: &str = "completions per I/O: the completions the target's poll group \
      (and the host's) reaped from its CQ over the run's I/O in the same window: a capsule or a \
-     response each, plus the send side's own (a lone SEND per qpair and pass is signaled: about \
-     two per I/O at depth 1 per qpair, about one when a qpair's list carries many).";
+     response each, plus the send side's own, one per list of SENDs a qpair posts (with the \
+     poll groups' default silent_answers 0): about two per I/O at depth 1 per qpair, about one \
+     when a qpair's list carries many.";
 
 /// `count` per unit of `units` (0 without units): I/O per busy pass, completions per I/O.
 fn ratio(count: u64, units: u64) -> f64 {

@@ -82,25 +82,30 @@ pub struct HostGroupConfig {
     pub max_queue_depth: u32,
     /// Request objects (commands in flight over all queues of the group); the sum of the
     /// member queues' depths must fit. With an SRQ, also its response slots (at least 64, plus
-    /// one poll's batch). The poll group gets a quarter more: a command's SEND posted without
-    /// a completion of its own keeps its object past the response until a later completion on
-    /// its qpair retires it (`SILENT_HEADROOM`).
+    /// one poll's batch). With `silent_answers` the poll group gets a quarter more: a
+    /// command's SEND posted without a completion of its own keeps its object past the
+    /// response until a later completion on its qpair retires it (`SILENT_HEADROOM`).
     pub requests: u32,
+    /// Lone commands (a queue's only one in a flush, as at depth 1) a queue may send in a row
+    /// without a SEND completion of their own (the poll group's `silent_answers`; 0, the
+    /// default, signals every one).
+    pub silent_answers: u32,
 }
 
-/// The poll group's request objects beyond `HostGroupConfig::requests`: one in this many. What
-/// the queues' depths do not claim, command SENDs that went without a completion of their own
-/// may hold (the poll group's `silent.rs`); with none, every command's SEND is signaled.
+/// With `silent_answers`, the poll group's request objects beyond `HostGroupConfig::requests`:
+/// one in this many. What the queues' depths do not claim, command SENDs that went without a
+/// completion of their own may hold (the poll group's `silent.rs`).
 const SILENT_HEADROOM: u32 = 4;
 
 impl Default for HostGroupConfig {
     fn default() -> Self {
-        // CQ: 64 * 128 receives + 1280 requests' chains (1024 and the silent headroom) +
-        // markers = 30,016 entries, inside rxe's 32,767.
+        // CQ: 64 * 128 receives + 1024 requests' chains + markers = 25,664 entries, inside
+        // rxe's 32,767 (with silent_answers, 1280 requests: 30,016).
         Self {
             max_queues: 64,
             max_queue_depth: 128,
             requests: 1024,
+            silent_answers: 0,
         }
     }
 }
@@ -295,7 +300,12 @@ impl HostGroup {
         // an SRQ a poll's freed slots go back after the submissions that follow it (off the
         // next command's path), which keeps up to a batch of them off the SRQ: that many more.
         let batch = PollGroupConfig::default().batch;
-        let requests = cfg.requests.saturating_add(cfg.requests / SILENT_HEADROOM);
+        let headroom = if cfg.silent_answers > 0 {
+            cfg.requests / SILENT_HEADROOM
+        } else {
+            0
+        };
+        let requests = cfg.requests.saturating_add(headroom);
         let (recv, srq_depth, recv_repost) = if ctx.query_device()?.raises_last_wqe_reached {
             let depth = requests.max(64).saturating_add(batch as u32);
             (RecvMode::Srq, depth, RecvRepost::NextPass)
@@ -319,6 +329,7 @@ impl HostGroup {
             io_unit_size: 64,
             data_buffers: 1,
             max_requests: requests,
+            silent_answers: cfg.silent_answers,
             batch,
             recv_repost,
             ..PollGroupConfig::default()

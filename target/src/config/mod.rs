@@ -190,6 +190,12 @@ pub struct TransportConfig {
     /// Data buffers per poll group.
     #[serde(default = "default_data_buffers")]
     pub data_buffers: Spanned<u32>,
+    /// Lone responses (a qpair's only one in a pass, as at queue depth 1) a qpair may send
+    /// in a row without a completion of their own, each held until a later completion on
+    /// its qpair (or a flush when the reactor idles) retires it; 0 (the default) signals every
+    /// one.
+    #[serde(default = "default_silent_answers")]
+    pub silent_answers: Spanned<u32>,
 }
 
 fn default_queue_depth() -> Spanned<u32> {
@@ -209,6 +215,12 @@ fn default_srq_depth() -> Spanned<u32> {
 }
 fn default_data_buffers() -> Spanned<u32> {
     Spanned::new(0..0, 1024)
+}
+fn default_silent_answers() -> Spanned<u32> {
+    Spanned::new(
+        0..0,
+        nvmf_transport::pollgroup::PollGroupConfig::default().silent_answers,
+    )
 }
 
 /// `[daemon]`.

@@ -234,6 +234,14 @@ fn broken_configs_name_file_line_and_key() {
             "multiple of 16",
         ),
         (
+            broken(
+                "listen = [\"127.0.0.1:4420\"]",
+                "listen = [\"127.0.0.1:4420\"]\nsilent_answers = 65",
+            ),
+            "bad.toml:7: transport.silent_answers",
+            "65 is outside 0..=64",
+        ),
+        (
             broken("hosts = [", "listen = [\"127.0.0.2:4420\"]\nhosts = ["),
             "bad.toml:20: subsystem.listen",
             "not in transport.listen",

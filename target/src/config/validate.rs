@@ -176,6 +176,13 @@ fn transport(config: &Config, r: &mut Report<'_>) {
             "must be at least max_queue_depth",
         );
     }
+    range(
+        r,
+        &t.silent_answers,
+        "transport.silent_answers",
+        0,
+        nvmf_transport::pollgroup::MAX_SILENT_ANSWERS,
+    );
     if unit >= 4096 && *t.data_buffers.get_ref() < max_io.div_ceil(unit) {
         r.at(
             t.data_buffers.span(),

@@ -71,6 +71,10 @@ pub struct GroupCounters {
     /// Completions reaped from the CQ (capsules' receives and the send side's own).
     pub completions: u64,
     pub capsules: u64,
+    /// Lone responses sent without a completion of their own, and the zero-length RDMA
+    /// WRITEs that retired such responses when the group went quiet (`silent_answers`).
+    pub silent_answers: u64,
+    pub silent_flushes: u64,
     pub qpairs_added: u64,
     pub qpairs_gone: u64,
     /// Capsules that waited for a request object; requests that waited for buffers; posts
@@ -131,6 +135,8 @@ impl GroupSnapshot {
             counters: GroupCounters {
                 completions: s.completions,
                 capsules: s.capsules,
+                silent_answers: s.silent_lone,
+                silent_flushes: s.silent_flushes,
                 qpairs_added: s.qpairs_added,
                 qpairs_gone: s.qpairs_gone,
                 queued_for_request: s.queued_for_request,

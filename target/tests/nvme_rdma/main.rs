@@ -146,6 +146,9 @@ impl Rig {
             io_unit_size: 4096,
             data_buffers: BUFFERS,
             max_requests: 128,
+            // Lone responses go silent here (off by default): every case runs with them held
+            // and flushed.
+            silent_answers: 3,
             ..PollGroupConfig::default()
         };
         adjust(&mut cfg.group);

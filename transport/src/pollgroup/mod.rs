@@ -103,8 +103,11 @@ pub struct PollGroupConfig {
     pub recv_repost: RecvRepost,
     /// Lone answers (a list of one response, or of one host command) a qpair may post in a
     /// row without a completion of their own, each retired by a later completion on its qpair
-    /// (`silent.rs`); the next one asks for a completion. 0: every list's last chain is
-    /// signaled.
+    /// (`silent.rs`); the next one asks for a completion. 0 (the default): every list's last
+    /// chain is signaled. At 128 qpairs x depth 1, 3 takes each side from 2.00 completions per
+    /// I/O to 1.25, but on the machines measured IOPS did not follow (docs/performance.md,
+    /// session 25): holding the requests and their buffers costs about what the completions
+    /// did.
     pub silent_answers: u32,
     /// Polls in a row that reap nothing before the qpairs' silent chains are flushed (a
     /// signaled zero-length RDMA WRITE each retires them; `silent.rs`). Long enough that a
@@ -127,7 +130,7 @@ impl Default for PollGroupConfig {
             drain_timeout: Duration::from_secs(5),
             drain_grace: Duration::from_millis(20),
             recv_repost: RecvRepost::EndOfPass,
-            silent_answers: 3,
+            silent_answers: 0,
             silent_flush_idle_polls: 4096,
         }
     }

@@ -12,7 +12,8 @@
 //!   one completion instead of N.
 //! - Across lists (lone answers): at depth 1 per qpair each list is one answer, and each cost
 //!   a completion of its own (two per I/O on each side with the capsule's). A list of one
-//!   answer goes silent too, for up to `PollGroupConfig::silent_answers` lists in a row per
+//!   answer goes silent too (when enabled: off by default, see the field), for up to
+//!   `PollGroupConfig::silent_answers` lists in a row per
 //!   qpair, when the chain holds only its request's own memory (`post_chain_owned`), the list
 //!   emptied its qpair's FIFO, the send queue keeps room for a whole chain after it (a chain
 //!   that waited for room behind silent chains alone would wait for ever), and the group's

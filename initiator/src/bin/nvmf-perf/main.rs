@@ -121,6 +121,7 @@ fn host_groups(args: &Args, reactors: usize) -> HostGroupConfig {
         max_queues: default.max_queues.min(queues + 8),
         max_queue_depth: default.max_queue_depth.max(depth),
         requests: default.requests.max(depth * queues),
+        silent_answers: default.silent_answers,
     }
 }
 

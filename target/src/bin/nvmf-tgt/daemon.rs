@@ -125,6 +125,7 @@ fn attach_transport(
         in_capsule_data_size: *t.in_capsule_data_size.get_ref(),
         io_unit_size: *t.io_unit_size.get_ref(),
         data_buffers: *t.data_buffers.get_ref(),
+        silent_answers: *t.silent_answers.get_ref(),
         ..PollGroupConfig::default()
     };
     // Request objects bound the CQ (each may have a chain of 17 WRs on it): fewer of them on
