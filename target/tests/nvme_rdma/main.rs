@@ -182,6 +182,18 @@ impl Rig {
         .fold((0, 0), |sum, (_, c)| (sum.0 + c.0, sum.1 + c.1))
     }
 
+    /// Sum over the groups of (lone responses sent silent, silent flushes) since they started.
+    fn silent(&self) -> (u64, u64) {
+        let tr = self.tr.as_ref().unwrap();
+        tr.each_group(|g| {
+            let c = g.snapshot().counters;
+            (c.silent_answers, c.silent_flushes)
+        })
+        .unwrap()
+        .into_iter()
+        .fold((0, 0), |sum, (_, c)| (sum.0 + c.0, sum.1 + c.1))
+    }
+
     /// Sum over the groups of (requests in use, free buffers, NVMe queues).
     fn usage(&self) -> (usize, u32, usize) {
         let u = self.usage_full();
@@ -573,6 +585,22 @@ fn completions_counted(fabric: SoftFabric) {
         after.1 > before.1,
         "the capsule counted: {before:?} -> {after:?}"
     );
+}
+
+/// With `silent_answers` (3 in this rig) an admin queue's lone responses go without a
+/// completion of their own and the group's statistics count them; once the host is quiet the
+/// group flushes them (counted too) and every request comes back.
+fn silent_responses_counted(fabric: SoftFabric) {
+    let rig = Rig::new(fabric);
+    let mut admin = HostQueue::connect(rig.addr, 0, 32);
+    connect_to(&mut admin, 0, CNTLID_DYNAMIC, DISCOVERY_NQN);
+    enable(&mut admin);
+    // Over soft TCP the flush is acknowledged when this host polls.
+    wait_until("the lone responses counted and flushed", || {
+        admin.poll_once();
+        let (answers, flushes) = rig.silent();
+        answers >= 1 && flushes >= 1 && rig.usage().0 == 0
+    });
 }
 
 /// The host drops its I/O qpair while a write's block I/O is in flight: the request keeps its
@@ -1036,6 +1064,7 @@ on_both_fabrics! {
     slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
     completions_inproc, completions_tcp => completions_counted;
+    silent_counted_inproc, silent_counted_tcp => silent_responses_counted;
     null_zeroes_inproc, null_zeroes_tcp => null_reads_never_see_stale_data;
     in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
     in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
