@@ -10,26 +10,27 @@
 //!   ends the list: a READ chain keeps its completion (it moves its command on), and an answer
 //!   posted before a READ is not held behind the READ's round trip. A list of N responses costs
 //!   one completion instead of N.
-//! - Across lists (lone answers): at depth 1 per qpair each list is one answer, and each cost
-//!   a completion of its own (two per I/O on each side with the capsule's). A list of one
-//!   answer goes silent too (when enabled: off by default, see the field), for up to
-//!   `PollGroupConfig::silent_answers` lists in a row per
-//!   qpair, when the chain holds only its request's own memory (`post_chain_owned`), the list
-//!   emptied its qpair's FIFO, the send queue keeps room for a whole chain after it (a chain
-//!   that waited for room behind silent chains alone would wait for ever), and the group's
-//!   hold budget allows. Its request stays allocated until the next completion on its qpair,
-//!   or its drain, retires it: the device may read its memory until then. Longer lists keep
-//!   their last completion: it already serves them all, and holding all their requests (and
-//!   data buffers) past it would save one completion in many.
+//! - Across lists (lone answers), when `PollGroupConfig::silent_answers` is set (off by
+//!   default: see the field): at depth 1 per qpair each list is one answer, and each costs a
+//!   completion of its own (two per I/O on each side with the capsule's). A list of one answer
+//!   goes silent too, up to `silent_answers` lists in a row per qpair, when the chain holds
+//!   only its request's own memory (`post_chain_owned`), the list emptied its qpair's FIFO, the
+//!   send queue keeps room for a whole chain after it (a chain that waited for room behind
+//!   silent chains alone would wait for ever), and the group's hold budget allows. Its request
+//!   stays allocated until the next completion on its qpair, or its drain, retires it: the
+//!   device may read its memory until then. Longer lists keep their last completion: it
+//!   already serves them all, and holding all their requests (and data buffers) past it would
+//!   save one completion in many.
 //!
 //! A lone silent chain waits for a later post on its qpair, which may never come (the host goes
 //! quiet). So when the group has reaped nothing for `silent_flush_idle_polls` polls in a row,
 //! or its reactor is about to sleep (`arm`), each qpair with silent chains gets a signaled
 //! zero-length RDMA WRITE (no memory touched, no rkey checked: IBTA C9-88; no receive consumed
-//! at the peer) whose completion retires the chains posted before it. Meanwhile what they hold
-//! is bounded so that everything else still moves: a target group's hold at most half its request objects and at most half its data
-//! buffers, leaving at least one request's largest want; a host group's hold at most the
-//! request objects no qpair's depth claims (`max_requests` less the depths summed), so a
+//! at the peer) whose completion retires the chains posted before it (over soft TCP the peer
+//! acknowledges it when its consumer next polls). Meanwhile what they hold is bounded so that
+//! everything else still moves: a target group's at most half its request objects and at most
+//! half its data buffers, leaving at least one request's largest want; a host group's at most
+//! the request objects no qpair's depth claims (`max_requests` less the depths summed), so a
 //! submit within depth always finds an object. Requests outside the budget complete by their
 //! own completions.
 
