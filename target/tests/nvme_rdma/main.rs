@@ -170,28 +170,23 @@ impl Rig {
         }
     }
 
-    /// Sum over the groups of (completions reaped, capsules received) since they started.
-    fn reaped(&self) -> (u64, u64) {
+    /// Sum over the groups of two of their counters (`pick`), since they started.
+    fn counters(&self, pick: fn(&nvmf_target::rdma::GroupCounters) -> (u64, u64)) -> (u64, u64) {
         let tr = self.tr.as_ref().unwrap();
-        tr.each_group(|g| {
-            let c = g.snapshot().counters;
-            (c.completions, c.capsules)
-        })
-        .unwrap()
-        .into_iter()
-        .fold((0, 0), |sum, (_, c)| (sum.0 + c.0, sum.1 + c.1))
+        tr.each_group(move |g| pick(&g.snapshot().counters))
+            .unwrap()
+            .into_iter()
+            .fold((0, 0), |sum, (_, c)| (sum.0 + c.0, sum.1 + c.1))
     }
 
-    /// Sum over the groups of (lone responses sent silent, silent flushes) since they started.
+    /// (completions reaped, capsules received).
+    fn reaped(&self) -> (u64, u64) {
+        self.counters(|c| (c.completions, c.capsules))
+    }
+
+    /// (lone responses sent silent, silent flushes).
     fn silent(&self) -> (u64, u64) {
-        let tr = self.tr.as_ref().unwrap();
-        tr.each_group(|g| {
-            let c = g.snapshot().counters;
-            (c.silent_answers, c.silent_flushes)
-        })
-        .unwrap()
-        .into_iter()
-        .fold((0, 0), |sum, (_, c)| (sum.0 + c.0, sum.1 + c.1))
+        self.counters(|c| (c.silent_answers, c.silent_flushes))
     }
 
     /// Sum over the groups of (requests in use, free buffers, NVMe queues).

@@ -488,9 +488,8 @@ impl<R: Default> PollGroup<R> {
                     }
                     return;
                 }
-                // A lone answer may go silent past this list: see `silent.rs`.
+                // A list of one answer may go silent past it: see `silent.rs`.
                 let lone = emptied
-                    && batch.len() == 1
                     && q.lone_silent < self.cfg.silent_answers
                     && q.sq_slots.saturating_sub(q.sq_used) >= MAX_CHAIN_WRS as u32;
                 let reqs = &self.reqs;

@@ -58,10 +58,10 @@ pub(super) struct Room {
 }
 
 /// Which chains of `batch` (posted as one list, `ends[k]` the index in `wrs` of chain k's last
-/// WR) go without a completion: their last WR's SIGNALED flag is cleared. `lone`: room for the
-/// list's last chain to go silent too (None: it may not); `owned(index)` is the data buffers of
-/// a request that holds all its chain's memory, None for one that does not. Returns the silent
-/// chains as bits of `batch`.
+/// WR) go without a completion: their last WR's SIGNALED flag is cleared. `lone`: room for a
+/// list of one answer to go silent too (None: it may not); `owned(index)` is the data buffers
+/// of a request that holds all its chain's memory, None for one that does not. Returns the
+/// silent chains as bits of `batch`.
 pub(super) fn silence(
     chains: &[Chain],
     batch: &[u32],
@@ -85,26 +85,17 @@ pub(super) fn silence(
         wrs[end as usize].flags.remove(SendFlags::SIGNALED);
         silent |= 1 << k;
     }
-    let Some(room) = lone else {
+    // A list of one answer waits for a later list's completion, within the room left.
+    let Some(room) = lone.filter(|_| before.is_empty()) else {
         return silent;
     };
-    // The whole run (the silent chains before the tail, and the tail) then waits for a later
-    // list's completion.
-    let run = silent.count_ones() as usize + 1;
-    let mut buffers = 0u32;
-    for &index in &batch[batch.len() - run..] {
-        match owned(index) {
-            Some(held) => buffers += held,
-            None => return silent,
+    match owned(tail) {
+        Some(buffers) if room.requests >= 1 && buffers <= room.buffers => {
+            wrs[ends[0] as usize].flags.remove(SendFlags::SIGNALED);
+            1
         }
+        _ => silent,
     }
-    if run as u32 <= room.requests && buffers <= room.buffers {
-        wrs[ends[batch.len() - 1] as usize]
-            .flags
-            .remove(SendFlags::SIGNALED);
-        silent |= 1 << (batch.len() - 1);
-    }
-    silent
 }
 
 impl<R: Default> PollGroup<R> {
