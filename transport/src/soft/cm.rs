@@ -53,7 +53,7 @@ fn ephemeral_port() -> u16 {
 // ---------------------------------------------------------------------------------------------
 // Messages
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Msg {
     Req {
         pd: Vec<u8>,

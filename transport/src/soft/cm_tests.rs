@@ -1,4 +1,4 @@
-//! CM tests, on both fabrics.
+//! CM tests, on both fabrics; the CM messages decoded from any bytes (proptest).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -295,4 +295,75 @@ fn cm_channel_fd_is_readable_with_events() {
     assert_eq!(ev.iter().count(), 1);
     assert!(sch.poll_event().unwrap().is_some());
     drop(l);
+}
+
+/// The CM's messages come from whoever connects to the listener: decoding never panics, and
+/// what is encoded decodes to itself.
+mod wire {
+    use proptest::prelude::*;
+
+    use super::super::Msg;
+    use crate::types::{Gid, QpEndpoint};
+
+    fn endpoint() -> impl Strategy<Value = QpEndpoint> {
+        (any::<u32>(), any::<u32>(), any::<u16>(), any::<[u8; 16]>()).prop_map(
+            |(qp_num, psn, lid, gid)| QpEndpoint {
+                qp_num,
+                psn,
+                lid,
+                gid: Gid(gid),
+            },
+        )
+    }
+
+    fn message() -> impl Strategy<Value = Msg> {
+        let pd = || proptest::collection::vec(any::<u8>(), 0..=255);
+        prop_oneof![
+            (pd(), any::<[u8; 4]>(), endpoint()).prop_map(|(pd, d, ep)| Msg::Req {
+                pd,
+                resp_res: d[0],
+                init_depth: d[1],
+                retry: d[2],
+                rnr_retry: d[3],
+                ep,
+            }),
+            (pd(), any::<[u8; 3]>(), endpoint()).prop_map(|(pd, d, ep)| Msg::Rep {
+                pd,
+                resp_res: d[0],
+                init_depth: d[1],
+                rnr_retry: d[2],
+                ep,
+            }),
+            (pd(), any::<u32>()).prop_map(|(pd, reason)| Msg::Rej { reason, pd }),
+            Just(Msg::Rtu),
+            Just(Msg::Dreq),
+            Just(Msg::Drep),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn a_message_decodes_to_itself(m in message()) {
+            let framed = m.encode();
+            let len = u32::from_le_bytes(framed[..4].try_into().unwrap()) as usize;
+            prop_assert_eq!(len, framed.len() - 4);
+            prop_assert_eq!(Msg::decode(&framed[4..]), Some(m));
+        }
+
+        #[test]
+        fn any_bytes_decode_without_panic(body in proptest::collection::vec(any::<u8>(), 0..400)) {
+            // What decodes re-encodes to a message that decodes the same (nothing half-read).
+            if let Some(m) = Msg::decode(&body) {
+                prop_assert_eq!(Msg::decode(&m.encode()[4..]), Some(m));
+            }
+        }
+
+        #[test]
+        fn a_cut_message_is_refused(m in message(), cut in 0usize..1000) {
+            let framed = m.encode();
+            let body = &framed[4..];
+            let keep = cut % body.len();
+            prop_assert_eq!(Msg::decode(&body[..keep]), None);
+        }
+    }
 }

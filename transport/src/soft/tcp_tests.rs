@@ -1,6 +1,6 @@
 //! TCP fabric: RC sequence recovery (a lost request is NAKed and re-sent; a replacement data
 //! connection keeps the sequence), HELLO credentials, a connect that never blocks RTR, and an
-//! input buffer that starts small.
+//! input buffer that starts small; frame headers decoded from any bytes (proptest).
 
 use std::io::Write;
 
@@ -655,4 +655,25 @@ fn a_list_posted_with_more_waits_for_the_next() {
         sent.iter().all(|c| c.status == WcStatus::Success),
         "{sent:?}"
     );
+}
+
+/// Frame headers come from the peer's socket: any bytes decode without panic, a header needs
+/// all of its bytes, and every byte lands in the field it encodes.
+mod wire {
+    use proptest::prelude::*;
+
+    use super::super::{HDR, Hdr};
+
+    proptest! {
+        #[test]
+        fn a_header_is_its_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let decoded = Hdr::decode(&bytes);
+            prop_assert_eq!(decoded.is_some(), bytes.len() >= HDR);
+            if let Some(h) = decoded {
+                let mut out = Vec::new();
+                h.encode(&mut out);
+                prop_assert_eq!(&out[..], &bytes[..HDR]);
+            }
+        }
+    }
 }
