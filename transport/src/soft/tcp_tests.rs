@@ -1,6 +1,7 @@
 //! TCP fabric: RC sequence recovery (a lost request is NAKed and re-sent; a replacement data
 //! connection keeps the sequence), HELLO credentials, a connect that never blocks RTR, and an
-//! input buffer that starts small; frame headers decoded from any bytes (proptest).
+//! input buffer that starts small; frame headers decoded from any bytes and a peer sending frames
+//! of any kind, sequence, key and length (proptest).
 
 use std::io::Write;
 
@@ -674,6 +675,116 @@ mod wire {
                 h.encode(&mut out);
                 prop_assert_eq!(&out[..], &bytes[..HDR]);
             }
+        }
+    }
+}
+
+/// A connected peer that sends frames of any kind, sequence, key and length (as a buggy or
+/// hostile peer's stream would carry them, bypassing its QP) never panics the responder and
+/// never changes its memory outside the receives it posted; the responder keeps answering or
+/// goes to ERR.
+mod hostile_frames {
+    use std::io::Write;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::super::Hdr;
+    use super::connected_pair;
+    use crate::provider::*;
+    use crate::types::*;
+
+    /// Where `b`'s posted receives are: the only bytes frames may change.
+    const RECV_AT: usize = 2048;
+    const RECV_LEN: usize = 256;
+
+    /// A frame, whether it takes the next expected sequence (else its own), its payload.
+    fn frame() -> impl Strategy<Value = (Hdr, bool, Vec<u8>)> {
+        (
+            prop_oneof![4 => 2u8..=7, 1 => 0u8..=12],
+            any::<u8>(),
+            any::<u16>(),
+            // Mostly the sequence the responder expects next (filled in below), so requests
+            // get past the sequence check to the key checks.
+            prop_oneof![3 => Just(None), 1 => (0u64..8).prop_map(Some)],
+            any::<u64>(),
+            any::<u32>(),
+            any::<u32>(),
+            proptest::collection::vec(any::<u8>(), 0..96),
+        )
+            .prop_map(|(ty, flags, code, seq, addr, key, imm, payload)| {
+                let h = Hdr {
+                    ty,
+                    flags,
+                    code,
+                    len: payload.len() as u32,
+                    seq: seq.unwrap_or(0),
+                    addr,
+                    key,
+                    imm,
+                };
+                (h, seq.is_none(), payload)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn hostile_frames_change_nothing_but_posted_receives(
+            frames in proptest::collection::vec(frame(), 1..12),
+            near in any::<bool>(),
+        ) {
+            let (a, mut b, net) = connected_pair();
+            let len = b.mr.len();
+            let before: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            b.mr.write_at(0, &before).unwrap();
+            for i in 0..2u64 {
+                let at = RECV_AT + i as usize * RECV_LEN;
+                b.qp.post_recv(&[RecvWr { wr_id: 100 + i, sges: &[b.mr.sge(at, RECV_LEN as u32)] }])
+                    .unwrap();
+            }
+            let mut bytes = Vec::new();
+            // connected_pair's one request from a was sequence 0.
+            let mut next = 1;
+            for (mut h, in_order, payload) in frames {
+                if in_order {
+                    h.seq = next;
+                    next += 1;
+                }
+                if near {
+                    // Addresses inside b's region, so only the key stands in the way.
+                    h.addr = b.mr.addr() + h.addr % len as u64;
+                }
+                if h.key == b.mr.rkey() {
+                    h.key ^= 1;
+                }
+                h.encode(&mut bytes);
+                bytes.extend_from_slice(&payload);
+            }
+            {
+                let guard = a.qp.sh.lock();
+                let mut stream = &guard.conn.as_ref().expect("a's connection").stream;
+                let mut written = 0;
+                while written < bytes.len() {
+                    match stream.write(&bytes[written..]) {
+                        Ok(n) => written += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::yield_now()
+                        }
+                        Err(e) => panic!("writing a's stream: {e}"),
+                    }
+                }
+            }
+            let got = net.settle(&b.cq, Duration::from_millis(50));
+            for wc in &got {
+                prop_assert!(wc.wr_id == 100 || wc.wr_id == 101, "{got:?}");
+            }
+            let after = b.mr.read_vec(0..len).unwrap();
+            for (i, (x, y)) in before.iter().zip(&after).enumerate() {
+                let in_receive = (RECV_AT..RECV_AT + 2 * RECV_LEN).contains(&i);
+                prop_assert!(x == y || in_receive, "byte {i} of b's region changed");
+            }
+            prop_assert!(matches!(b.qp.state(), QpState::Rts | QpState::Err), "{:?}", b.qp.state());
         }
     }
 }
