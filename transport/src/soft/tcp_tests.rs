@@ -689,7 +689,7 @@ mod hostile_frames {
 
     use proptest::prelude::*;
 
-    use super::super::Hdr;
+    use super::super::{Hdr, T_READ_REQ, T_SEND};
     use super::connected_pair;
     use crate::provider::*;
     use crate::types::*;
@@ -701,7 +701,7 @@ mod hostile_frames {
     /// A frame, whether it takes the next expected sequence (else its own), its payload.
     fn frame() -> impl Strategy<Value = (Hdr, bool, Vec<u8>)> {
         (
-            prop_oneof![4 => 2u8..=7, 1 => 0u8..=12],
+            prop_oneof![4 => T_SEND..=T_READ_REQ, 1 => 0u8..=12],
             any::<u8>(),
             any::<u16>(),
             // Mostly the sequence the responder expects next (filled in below), so requests
@@ -744,12 +744,12 @@ mod hostile_frames {
                     .unwrap();
             }
             let mut bytes = Vec::new();
-            // connected_pair's one request from a was sequence 0.
+            // connected_pair's one request from a was sequence 0; only requests count.
             let mut next = 1;
             for (mut h, in_order, payload) in frames {
                 if in_order {
                     h.seq = next;
-                    next += 1;
+                    next += u64::from((T_SEND..=T_READ_REQ).contains(&h.ty));
                 }
                 if near {
                     // Addresses inside b's region, so only the key stands in the way.
