@@ -153,6 +153,14 @@ impl Run {
             let share = ns.blocks / active as u64;
             for q in 0..c.io_queue_count() {
                 let queue = c.take_io_queue(q)?;
+                if queue.depth() < spec.depth {
+                    // The figures would be labelled with a depth they did not run at.
+                    bail!(
+                        "queue depth {} asked per qpair, but the target's I/O queues hold {}: ask at most that",
+                        spec.depth,
+                        queue.depth()
+                    );
+                }
                 if (index as usize) < active {
                     jobs.push(Job::new(
                         queue,

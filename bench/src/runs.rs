@@ -192,6 +192,9 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
                     |_| {},
                 )
                 .context("perf run")?;
+                if let Some(cap) = report.depth_capped {
+                    bail!("{w} QD {depth}: {cap}");
+                }
                 let target_busy = busy.percent();
                 let target_passes = busy.busy_passes();
                 let _ = controller.shutdown();
@@ -231,9 +234,18 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
     })
 }
 
-/// nvmf-perf's JSON total: (IOPS, avg us, p99 us).
+/// nvmf-perf's JSON total: (IOPS, avg us, p99 us). A run at a smaller queue depth than asked
+/// is refused: its figures would be labelled with a depth they were not measured at.
 fn perf_totals(json: &str) -> Result<(f64, f64, f64)> {
     let v: serde_json::Value = serde_json::from_str(json).context("nvmf-perf --json output")?;
+    let cap = &v["depth_capped"];
+    if !cap.is_null() {
+        bail!(
+            "nvmf-perf asked queue depth {} but ran at {}: the target's I/O queues are smaller",
+            cap["asked"],
+            cap["ran"]
+        );
+    }
     let total = &v["total"];
     let get = |k: &str| {
         total[k]
@@ -616,7 +628,7 @@ pub fn add_wire_share(sections: &mut [Section]) {
 
 #[cfg(test)]
 mod tests {
-    use super::{io_qpairs, ratio};
+    use super::{io_qpairs, perf_totals, ratio};
 
     #[test]
     fn qpairs_fit_one_poll_group_with_their_admin_queues() {
@@ -632,5 +644,18 @@ mod tests {
         assert_eq!(ratio(1000, 250), 4.0);
         assert_eq!(ratio(2000, 1000), 2.0);
         assert_eq!(ratio(1000, 0), 0.0);
+    }
+
+    #[test]
+    fn nvmf_perf_output_at_a_smaller_depth_than_asked_is_refused() {
+        let total = r#""total": {"iops": 1000.0, "avg_us": 5.0, "p99_us": 9.0}"#;
+        let ran = format!("{{{total}, \"depth_capped\": null}}");
+        assert_eq!(perf_totals(&ran).unwrap(), (1000.0, 5.0, 9.0));
+        let capped = format!("{{{total}, \"depth_capped\": {{\"asked\": 1024, \"ran\": 128}}}}");
+        let error = perf_totals(&capped).unwrap_err().to_string();
+        assert!(
+            error.contains("asked queue depth 1024 but ran at 128"),
+            "{error}"
+        );
     }
 }

@@ -134,6 +134,11 @@ impl<Q: HostQueue> Job<Q> {
         })
     }
 
+    /// Commands it keeps in flight at most: the depth asked, capped by its queue's.
+    pub fn depth(&self) -> usize {
+        self.spec.depth
+    }
+
     /// Stop submitting; in-flight I/O still completes.
     pub fn stop(&mut self) {
         self.stopping = true;

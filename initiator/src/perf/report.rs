@@ -221,6 +221,30 @@ pub struct Report {
     /// host waited for completions (the target bound the run); IOPS / busy share then
     /// estimates what the host cores could carry.
     pub host_busy_percent: Vec<f64>,
+    /// Set when jobs ran shallower than the queue depth asked: their I/O queues hold fewer
+    /// commands (the controller's CAP.MQES + 1 or the depth the target granted), so every
+    /// figure above is at the smaller depth.
+    pub depth_capped: Option<DepthCap>,
+}
+
+/// A queue depth asked and the one the jobs could run at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct DepthCap {
+    /// Commands in flight asked per job (nvmf-perf's -q).
+    pub asked: usize,
+    /// Commands in flight the shallowest job's I/O queue allowed.
+    pub ran: usize,
+}
+
+impl std::fmt::Display for DepthCap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "queue depth {} asked, but the controller's I/O queues hold {} commands: \
+             the jobs ran at depth {}",
+            self.asked, self.ran, self.ran
+        )
+    }
 }
 
 impl Report {
@@ -252,6 +276,7 @@ impl Report {
             ios_after_reconnect: 0,
             connected_at_end: true,
             host_busy_percent: Vec::new(),
+            depth_capped: None,
         }
     }
 
@@ -311,6 +336,9 @@ impl Report {
                  connected at the end: {}\n",
                 self.total.lost, self.reconnects, self.ios_after_reconnect, self.connected_at_end
             ));
+        }
+        if let Some(cap) = &self.depth_capped {
+            s.push_str(&format!("warning: {cap}\n"));
         }
         for m in &self.mismatches {
             s.push_str(&format!("{m}\n"));
@@ -379,6 +407,29 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(json["total"]["ios"], 1003);
         assert_eq!(json["namespaces"][1]["name"], "nsid 2");
+        assert!(json["depth_capped"].is_null());
+        assert!(!text.contains("warning"), "{text}");
+    }
+
+    #[test]
+    fn a_capped_queue_depth_is_stated_in_the_text_and_the_json() {
+        let mut r = Report::build(&[job(1, &[10], 4096)], Duration::from_secs(1));
+        r.depth_capped = Some(DepthCap {
+            asked: 1024,
+            ran: 128,
+        });
+        assert!(r.passed(), "a smaller depth is not a failure");
+        let text = r.to_text();
+        assert!(
+            text.contains(
+                "warning: queue depth 1024 asked, but the controller's I/O queues hold 128 \
+                 commands: the jobs ran at depth 128"
+            ),
+            "{text}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(json["depth_capped"]["asked"], 1024);
+        assert_eq!(json["depth_capped"]["ran"], 128);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::queue::{Fabric, HostQueue};
 
 use super::job::{Job, JobSpec, Progress};
 use super::job_set::JobSet;
-use super::report::{JobResult, Report, progress_line};
+use super::report::{DepthCap, JobResult, Report, progress_line};
 
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +128,7 @@ where
         )));
     }
     let jobs = plan.len();
+    let mut ran_depth = cfg.spec.depth;
     let progress = Arc::new(Progress::default());
     let mut per_reactor: Vec<Vec<Job<F::Queue>>> =
         (0..cfg.cores.len().max(1)).map(|_| Vec::new()).collect();
@@ -138,10 +139,19 @@ where
             .wrapping_add(i as u64)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let job = Job::new(queue, ns, first, blocks, cfg.spec, seed, progress.clone())?;
+        ran_depth = ran_depth.min(job.depth());
         // Queue index i (QID i + 1) goes to reactor i % n: `RdmaFabric::spread` placed it in
         // that reactor's host poll group.
         let slot = i % per_reactor.len();
         per_reactor[slot].push(job);
+    }
+    let depth_capped = (ran_depth < cfg.spec.depth).then_some(DepthCap {
+        asked: cfg.spec.depth,
+        ran: ran_depth,
+    });
+    if let Some(cap) = &depth_capped {
+        // As spdk_nvme_perf warns when its queue depth exceeds the I/O queue size.
+        tracing::warn!("{cap}");
     }
     let runtime = Runtime::start(
         RuntimeConfig::new(cfg.cores.clone())
@@ -260,6 +270,7 @@ where
     report.reconnects = controller.reconnects();
     report.connected_at_end = *controller.state() == ControllerState::Live;
     report.host_busy_percent = host_busy_percent;
+    report.depth_capped = depth_capped;
     report.ios_after_reconnect = ios_at_reconnect.map_or(0, |at| {
         progress.ios.load(Ordering::Relaxed).saturating_sub(at)
     });

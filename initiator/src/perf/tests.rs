@@ -207,6 +207,33 @@ fn a_short_run_on_two_reactors_reports_every_namespace() {
     assert!(report.total.ios > 0);
     assert!(report.passed(), "{}", report.to_text());
     assert!(lines >= 1);
+    assert_eq!(report.depth_capped, None, "the queues hold depth 8");
+}
+
+#[test]
+fn a_run_deeper_than_the_targets_queues_says_the_depth_it_ran_at() {
+    let config = LoopbackConfig {
+        max_queue_depth: 4,
+        ..one_namespace(1024)
+    };
+    let (_t, c, _) = attach(config, |o| o.reconnect = ReconnectPolicy::never());
+    let mut c = c.unwrap();
+    let cfg = RunConfig {
+        spec: spec(Pattern::RandRead, false),
+        duration: Duration::from_millis(100),
+        cores: vec![0],
+        pin: false,
+        qpairs_per_namespace: 1,
+        nsids: Vec::new(),
+        seed: 1,
+        progress_every: None,
+    };
+    let report = run(&mut c, &cfg, |_| {}).unwrap();
+    assert!(report.passed(), "{}", report.to_text());
+    let cap = report.depth_capped.expect("depth 8 asked of queues of 4");
+    assert_eq!(cap.asked, 8);
+    assert_eq!(cap.ran, 4, "CAP.MQES + 1");
+    assert!(report.to_text().contains("warning: queue depth 8 asked"));
 }
 
 #[test]

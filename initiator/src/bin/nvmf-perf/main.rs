@@ -30,7 +30,8 @@ use nvmf_initiator::rdma::{HostGroupConfig, RdmaFabric};
 struct Args {
     #[command(flatten)]
     connect: ConnectArgs,
-    /// Commands in flight per I/O queue.
+    /// Commands in flight per I/O queue. At most what the target's I/O queues hold (its
+    /// CAP.MQES + 1): deeper runs at that depth, and the report ends with a warning saying so.
     #[arg(short = 'q', long = "queue-depth", default_value_t = 32)]
     queue_depth: usize,
     /// Bytes per I/O (a multiple of the block size; 4096, 4k, 128k...).
