@@ -99,7 +99,7 @@ pub fn run(ios: u64, shape: Shape, workload: &str, core: usize) -> Result<u64> {
     let spec = JobSpec {
         pattern,
         mix: 50,
-        io_size: 4096,
+        io_size: host::IO_SIZE,
         depth,
         verify: false,
     };

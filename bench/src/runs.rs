@@ -148,6 +148,7 @@ fn host_options(depth: usize, io_queues: u16) -> ControllerOptions {
     );
     options.io_queues = io_queues;
     options.io_queue_depth = depth.clamp(2, 4096) as u16;
+    options.max_io_size = host::IO_SIZE;
     options.reconnect = ReconnectPolicy::never();
     options
 }
@@ -177,7 +178,7 @@ pub fn inproc(common: &Common, depths: &[usize], workloads: &[String]) -> Result
                         spec: JobSpec {
                             pattern,
                             mix: 50,
-                            io_size: 4096,
+                            io_size: host::IO_SIZE,
                             depth,
                             verify: false,
                         },
@@ -416,7 +417,7 @@ pub fn qpairs(
             let spec = JobSpec {
                 pattern: Pattern::RandRead,
                 mix: 50,
-                io_size: 4096,
+                io_size: host::IO_SIZE,
                 depth,
                 verify: false,
             };

@@ -141,7 +141,10 @@ where
         .map_err(anyhow::Error::msg)?;
     options.io_queue_depth = args.queue_depth.clamp(2, 4096) as u16;
     options.io_queues = args.qpairs.clamp(1, 1024) as u16;
-    options.max_io_size = options.max_io_size.max(io_size);
+    // Each I/O queue registers a data slot of the largest transfer per command: size them for
+    // this run's I/O, as spdk_nvme_perf allocates io_size per task (the default 128 KiB made
+    // -q 128 register 16 MiB per queue).
+    options.max_io_size = io_size;
     let address = args.connect.address();
     let connect = |options| {
         Controller::connect(
