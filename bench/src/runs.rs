@@ -522,7 +522,8 @@ pub fn qpairs(
         "nvmf-tgt's own RSS (separate process)"
     } else {
         "the whole process's RSS (target and host together: the host's queues share one host \
-         poll group sized for the case, its receive slots included)"
+         poll group sized for the case, its receive slots included; each host queue registers \
+         4 KiB of data slot per command)"
     };
     let notes = |rss_note: String| {
         let mut notes = vec![
