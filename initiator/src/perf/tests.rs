@@ -54,6 +54,20 @@ fn controller(io_queues: u16) -> (LoopbackTarget, Controller<LoopbackFabric>) {
     (t, c.unwrap())
 }
 
+/// A randread run on one reactor, one queue per namespace, no progress lines.
+fn one_queue_run(duration: Duration) -> RunConfig {
+    RunConfig {
+        spec: spec(Pattern::RandRead, false),
+        duration,
+        cores: vec![0],
+        pin: false,
+        qpairs_per_namespace: 1,
+        nsids: Vec::new(),
+        seed: 1,
+        progress_every: None,
+    }
+}
+
 fn run_job(
     c: &mut Controller<LoopbackFabric>,
     spec: JobSpec,
@@ -218,16 +232,7 @@ fn a_run_deeper_than_the_targets_queues_says_the_depth_it_ran_at() {
     };
     let (_t, c, _) = attach(config, |o| o.reconnect = ReconnectPolicy::never());
     let mut c = c.unwrap();
-    let cfg = RunConfig {
-        spec: spec(Pattern::RandRead, false),
-        duration: Duration::from_millis(100),
-        cores: vec![0],
-        pin: false,
-        qpairs_per_namespace: 1,
-        nsids: Vec::new(),
-        seed: 1,
-        progress_every: None,
-    };
+    let cfg = one_queue_run(Duration::from_millis(100));
     let report = run(&mut c, &cfg, |_| {}).unwrap();
     assert!(report.passed(), "{}", report.to_text());
     let cap = report.depth_capped.expect("depth 8 asked of queues of 4");
@@ -276,16 +281,7 @@ fn a_controller_given_up_ends_the_run_with_its_reason() {
     });
     let mut c = c.unwrap();
     target.drop_after(100);
-    let cfg = RunConfig {
-        spec: spec(Pattern::RandRead, false),
-        duration: Duration::from_secs(5),
-        cores: vec![0],
-        pin: false,
-        qpairs_per_namespace: 1,
-        nsids: Vec::new(),
-        seed: 1,
-        progress_every: None,
-    };
+    let cfg = one_queue_run(Duration::from_secs(5));
     match run(&mut c, &cfg, |_| {}) {
         Err(crate::Error::ControllerFailed(why)) => {
             assert!(why.contains("reconnect disabled"), "{why}")
