@@ -51,7 +51,10 @@ pub struct Job<Q: HostQueue> {
     first_lba: u64,
     blocks_per_io: u32,
     generator: Generator,
+    /// The spec, its depth capped by the queue's.
     spec: JobSpec,
+    /// The depth asked, before the cap (a fresh queue after a reconnect caps it anew).
+    asked_depth: usize,
     /// With --verify: the generation each unit holds (0 = unknown).
     generations: Vec<u64>,
     /// Units with I/O in flight and, for writes, the generation they carry (a table sized by
@@ -124,6 +127,7 @@ impl<Q: HostQueue> Job<Q> {
             in_flight: InFlightUnits::new(depth),
             result: JobResult::new(ns.nsid),
             spec: JobSpec { depth, ..spec },
+            asked_depth: spec.depth,
             queue,
             ns,
             first_lba,
@@ -176,7 +180,10 @@ impl<Q: HostQueue> Job<Q> {
     pub fn replace_queue(&mut self, queue: IoQueue<Q>) {
         self.queue.disconnect("replaced after a reconnect");
         self.step();
-        self.in_flight.clear();
+        // The target may have come back with shallower (or deeper) queues.
+        let depth = self.asked_depth.min(queue.depth()).max(1);
+        self.spec.depth = depth;
+        self.in_flight = InFlightUnits::new(depth);
         self.generations.fill(0);
         self.queue = queue;
     }

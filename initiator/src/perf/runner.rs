@@ -145,11 +145,13 @@ where
         let slot = i % per_reactor.len();
         per_reactor[slot].push(job);
     }
-    let depth_capped = (ran_depth < cfg.spec.depth).then_some(DepthCap {
-        asked: cfg.spec.depth,
-        ran: ran_depth,
-    });
-    if let Some(cap) = &depth_capped {
+    let capped = |ran: usize| {
+        (ran < cfg.spec.depth).then_some(DepthCap {
+            asked: cfg.spec.depth,
+            ran,
+        })
+    };
+    if let Some(cap) = capped(ran_depth) {
         // As spdk_nvme_perf warns when its queue depth exceeds the I/O queue size.
         tracing::warn!("{cap}");
     }
@@ -259,7 +261,11 @@ where
             .call(move |reactor| reactor.take_poller::<JobPoller<F::Queue>>(id))
             .map_err(poller_error)?;
         if let Some(p) = poller {
-            results.extend(p.jobs.finish().into_iter().map(|(result, _)| result));
+            for (result, queue) in p.jobs.finish() {
+                // After a reconnect the job ran over this queue, at most its depth.
+                ran_depth = ran_depth.min(queue.depth());
+                results.push(result);
+            }
         }
     }
     runtime.stop().map_err(poller_error)?;
@@ -270,7 +276,7 @@ where
     report.reconnects = controller.reconnects();
     report.connected_at_end = *controller.state() == ControllerState::Live;
     report.host_busy_percent = host_busy_percent;
-    report.depth_capped = depth_capped;
+    report.depth_capped = capped(ran_depth);
     report.ios_after_reconnect = ios_at_reconnect.map_or(0, |at| {
         progress.ios.load(Ordering::Relaxed).saturating_sub(at)
     });

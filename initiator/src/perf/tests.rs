@@ -242,6 +242,44 @@ fn a_run_deeper_than_the_targets_queues_says_the_depth_it_ran_at() {
 }
 
 #[test]
+fn a_fresh_queue_after_a_reconnect_caps_the_depth_anew() {
+    let (_deep_target, deep, _) = attach(one_namespace(1024), |o| {
+        o.reconnect = ReconnectPolicy::never()
+    });
+    let shallow_config = LoopbackConfig {
+        max_queue_depth: 4,
+        ..one_namespace(1024)
+    };
+    let (_shallow_target, shallow, _) =
+        attach(shallow_config, |o| o.reconnect = ReconnectPolicy::never());
+    let (mut deep, mut shallow) = (deep.unwrap(), shallow.unwrap());
+    let ns = deep.namespace(1).unwrap().target();
+    let queue = deep.take_io_queue(0).unwrap();
+    let spec = spec(Pattern::RandRead, false);
+    let mut job = Job::new(queue, ns, 0, 256, spec, 5, Arc::new(Progress::default())).unwrap();
+    assert_eq!(job.depth(), 8);
+    job.step();
+    job.replace_queue(shallow.take_io_queue(0).unwrap());
+    assert_eq!(job.depth(), 4, "the fresh queue holds 4");
+    let errors_before = job.result().errors;
+    let reads_before = job.result().reads;
+    for _ in 0..50 {
+        job.step();
+    }
+    job.stop();
+    while !job.is_drained() {
+        job.step();
+    }
+    let (result, _) = job.finish();
+    assert_eq!(
+        result.errors, errors_before,
+        "no submit past the fresh queue's depth: {:?}",
+        result.error_messages
+    );
+    assert!(result.reads > reads_before);
+}
+
+#[test]
 fn a_run_goes_on_over_fresh_queues_after_a_reconnect() {
     let config = one_namespace(2048);
     let (target, c, _) = attach(config, |o| {
