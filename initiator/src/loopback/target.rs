@@ -225,6 +225,11 @@ impl LoopbackTarget {
     pub fn drop_after(&self, n: u64) {
         self.lock().faults.drop_after = Some(n);
     }
+    /// Queues connected from now on hold at most `depth` commands (CAP.MQES + 1 and MAXCMD),
+    /// as a target restarted with a smaller queue size would; connected queues keep theirs.
+    pub fn set_max_queue_depth(&self, depth: u16) {
+        self.lock().config.max_queue_depth = depth.max(2);
+    }
     /// Refuse (or accept again) new queue connections.
     pub fn refuse_connects(&self, refuse: bool) {
         self.lock().faults.refuse_connects = refuse;

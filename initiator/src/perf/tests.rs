@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::job::{Job, JobSpec, Progress};
 use super::job_set::JobSet;
+use super::report::DepthCap;
 use super::runner::{RunConfig, plan_jobs, run};
 use super::workload::Pattern;
 use crate::controller::tests::attach;
@@ -309,6 +310,31 @@ fn a_run_goes_on_over_fresh_queues_after_a_reconnect() {
     assert!(report.ios_after_reconnect > 0, "{}", report.to_text());
     assert!(report.connected_at_end);
     assert!(report.passed(), "{}", report.to_text());
+}
+
+#[test]
+fn a_reconnect_to_shallower_queues_goes_on_at_their_depth_and_says_so() {
+    let (target, c, _) = attach(one_namespace(2048), |o| {
+        o.reconnect = ReconnectPolicy {
+            reconnect_delay: Duration::ZERO,
+            ctrl_loss_timeout: None,
+            fast_io_fail: None,
+        };
+    });
+    let mut c = c.unwrap();
+    // The first queue holds 128; the ones after the drop, 4.
+    target.set_max_queue_depth(4);
+    target.drop_after(400);
+    let report = run(&mut c, &one_queue_run(Duration::from_millis(800)), |_| {}).unwrap();
+    assert!(report.reconnects >= 1, "{}", report.to_text());
+    assert!(report.ios_after_reconnect > 0, "{}", report.to_text());
+    assert!(report.passed(), "{}", report.to_text());
+    assert_eq!(
+        report.depth_capped,
+        Some(DepthCap { asked: 8, ran: 4 }),
+        "{}",
+        report.to_text()
+    );
 }
 
 #[test]
