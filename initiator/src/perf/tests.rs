@@ -55,6 +55,15 @@ fn controller(io_queues: u16) -> (LoopbackTarget, Controller<LoopbackFabric>) {
     (t, c.unwrap())
 }
 
+/// Reconnect at once after a loss, for ever.
+fn reconnect_at_once() -> ReconnectPolicy {
+    ReconnectPolicy {
+        reconnect_delay: Duration::ZERO,
+        ctrl_loss_timeout: None,
+        fast_io_fail: None,
+    }
+}
+
 /// A randread run on one reactor, one queue per namespace, no progress lines.
 fn one_queue_run(duration: Duration) -> RunConfig {
     RunConfig {
@@ -285,11 +294,7 @@ fn a_run_goes_on_over_fresh_queues_after_a_reconnect() {
     let config = one_namespace(2048);
     let (target, c, _) = attach(config, |o| {
         o.io_queues = 2;
-        o.reconnect = ReconnectPolicy {
-            reconnect_delay: Duration::ZERO,
-            ctrl_loss_timeout: None,
-            fast_io_fail: None,
-        };
+        o.reconnect = reconnect_at_once();
     });
     let mut c = c.unwrap();
     // Every connection drops once the target has seen this many commands.
@@ -315,11 +320,7 @@ fn a_run_goes_on_over_fresh_queues_after_a_reconnect() {
 #[test]
 fn a_reconnect_to_shallower_queues_goes_on_at_their_depth_and_says_so() {
     let (target, c, _) = attach(one_namespace(2048), |o| {
-        o.reconnect = ReconnectPolicy {
-            reconnect_delay: Duration::ZERO,
-            ctrl_loss_timeout: None,
-            fast_io_fail: None,
-        };
+        o.reconnect = reconnect_at_once();
     });
     let mut c = c.unwrap();
     // The first queue holds 128; the ones after the drop, 4.
