@@ -230,6 +230,10 @@ impl LoopbackTarget {
     pub fn set_max_queue_depth(&self, depth: u16) {
         self.lock().config.max_queue_depth = depth.max(2);
     }
+    /// Controllers made from now on grant at most `n` I/O queues.
+    pub fn set_max_io_queues(&self, n: u16) {
+        self.lock().config.max_io_queues = n;
+    }
     /// Refuse (or accept again) new queue connections.
     pub fn refuse_connects(&self, refuse: bool) {
         self.lock().faults.refuse_connects = refuse;

@@ -294,6 +294,13 @@ fn hand_fresh_queues<F: Fabric>(
 where
     F::Queue: 'static,
 {
+    if controller.io_queue_count() < jobs {
+        return Err(Error::Target(format!(
+            "after the reconnect the controller granted {} I/O queues; the run's {jobs} jobs \
+             need {jobs}",
+            controller.io_queue_count()
+        )));
+    }
     let reactors = runtime.reactors().len().max(1);
     for i in 0..jobs {
         let queue = controller.take_io_queue(i)?;

@@ -339,6 +339,28 @@ fn a_reconnect_to_shallower_queues_goes_on_at_their_depth_and_says_so() {
 }
 
 #[test]
+fn a_reconnect_granting_fewer_queues_than_jobs_ends_the_run_with_why() {
+    let (target, c, _) = attach(one_namespace(2048), |o| {
+        o.io_queues = 2;
+        o.reconnect = reconnect_at_once();
+    });
+    let mut c = c.unwrap();
+    target.set_max_io_queues(1);
+    target.drop_after(400);
+    let cfg = RunConfig {
+        qpairs_per_namespace: 2,
+        ..one_queue_run(Duration::from_millis(800))
+    };
+    let error = run(&mut c, &cfg, |_| {}).unwrap_err().to_string();
+    assert!(
+        error.contains(
+            "after the reconnect the controller granted 1 I/O queues; the run's 2 jobs need 2"
+        ),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_controller_given_up_ends_the_run_with_its_reason() {
     let (target, c, _) = attach(LoopbackConfig::default(), |o| {
         o.io_queues = 1;
