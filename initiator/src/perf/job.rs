@@ -76,6 +76,11 @@ impl<Q: HostQueue> std::fmt::Debug for Job<Q> {
     }
 }
 
+/// The depth a job asking `asked` runs at over `queue`: at most what the queue holds.
+fn depth_on<Q: HostQueue>(asked: usize, queue: &IoQueue<Q>) -> usize {
+    asked.min(queue.depth()).max(1)
+}
+
 impl<Q: HostQueue> Job<Q> {
     /// A job over blocks `first_lba .. first_lba + blocks` of `ns`.
     pub fn new(
@@ -116,7 +121,7 @@ impl<Q: HostQueue> Job<Q> {
                 "job range of {blocks} blocks is smaller than one I/O"
             )));
         }
-        let depth = spec.depth.min(queue.depth()).max(1);
+        let depth = depth_on(spec.depth, &queue);
         Ok(Self {
             generator: Generator::new(spec.pattern, spec.mix, units, seed),
             generations: if spec.verify {
@@ -181,7 +186,7 @@ impl<Q: HostQueue> Job<Q> {
         self.queue.disconnect("replaced after a reconnect");
         self.step();
         // The target may have come back with shallower (or deeper) queues.
-        let depth = self.asked_depth.min(queue.depth()).max(1);
+        let depth = depth_on(self.asked_depth, &queue);
         self.spec.depth = depth;
         self.in_flight = InFlightUnits::new(depth);
         self.generations.fill(0);
