@@ -69,10 +69,27 @@ impl<T: Copy> CidTable<T> {
         self.slots.len() - self.free.len()
     }
 
+    /// True when a slot is free.
+    pub fn has_free(&self) -> bool {
+        !self.free.is_empty()
+    }
+
     /// Take a free slot; returns (slot index, CID) or `None` when all are in flight.
     pub fn allocate(&mut self, payload: T) -> Option<(usize, u16)> {
-        let index = self.free.pop()?;
+        self.allocate_with(|_| Some(payload))
+    }
+
+    /// Take a free slot whose payload `payload` makes from the slot's index; `None` (nothing
+    /// taken) when all are in flight or `payload` gives none.
+    #[inline]
+    pub fn allocate_with(
+        &mut self,
+        payload: impl FnOnce(usize) -> Option<T>,
+    ) -> Option<(usize, u16)> {
+        let index = *self.free.last()?;
         let i = usize::from(index);
+        let payload = payload(i)?;
+        self.free.pop();
         let generation_mask = (1u32 << (16 - self.index_bits)) - 1;
         let generation = (u32::from(self.generations[i]) + 1) & generation_mask;
         self.generations[i] = generation as u16;

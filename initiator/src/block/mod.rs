@@ -2,7 +2,7 @@
 //! and length over one namespace and one I/O queue of a [`Controller`].
 //!
 //! Requests are split by the largest transfer (MDTS and the host maximum) and pipelined up to
-//! the queue depth; unaligned edges are handled by read-modify-write of the edge blocks. When
+//! the queue depth (and what the queue's data region holds); unaligned edges are handled by read-modify-write of the edge blocks. When
 //! the connection is lost the operation waits for the controller to come back (or fails) as
 //! the reconnect policy says, then is retried whole: reads and writes of the same bytes are
 //! idempotent.
@@ -133,8 +133,14 @@ impl<F: Fabric> BlockDevice<F> {
         let mut outstanding = 0usize;
         let mut first_error: Option<Error> = None;
         while (next < end && first_error.is_none()) || outstanding > 0 {
-            while next < end && first_error.is_none() && queue.in_flight() < queue.depth() {
+            while next < end && first_error.is_none() {
                 let n = chunk.min(end - next) as u32;
+                // A shared data region may be full before the CIDs are: wait for completions
+                // (with nothing in flight the submission's own error says why).
+                let bytes = n as usize * ns.block_size as usize;
+                if outstanding > 0 && !queue.has_room_for(bytes) {
+                    break;
+                }
                 let at = next;
                 let submitted = match direction {
                     Direction::Read => queue.submit_read(&ns, at, n, at),

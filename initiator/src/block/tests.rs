@@ -168,3 +168,28 @@ fn flushed_data_reads_back_after_the_target_restarts() {
     assert_eq!(back, data);
     assert_eq!(dev.controller().reconnects(), 1);
 }
+
+#[test]
+fn a_shared_data_region_smaller_than_the_depth_needs_still_moves_large_requests() {
+    // 8 KiB transfers (MDTS 1) at depth 128 with 20 KiB of region: at most two largest
+    // transfers in flight, so a large request waits for the region, not for CIDs.
+    let config = LoopbackConfig {
+        mdts: 1,
+        namespaces: vec![NamespaceConfig {
+            blocks: 4096,
+            block_shift: 9,
+        }],
+        ..LoopbackConfig::default()
+    };
+    let (target, c, _) = attach(config, |o| {
+        o.reconnect = ReconnectPolicy::never();
+        o.io_queue_data_size = Some(20 * 1024);
+    });
+    let mut dev = BlockDevice::new(c.unwrap(), 1).unwrap();
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 253) as u8).collect();
+    dev.write_at(777, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    dev.read_at(777, &mut back).unwrap();
+    assert_eq!(back, data);
+    assert_eq!(target.read_namespace(1, 777..777 + data.len()), data);
+}

@@ -270,6 +270,15 @@ pub(crate) fn io_limits(id: &IdentifyController, o: &ControllerOptions) -> IoLim
     }
 }
 
+/// Bytes of registered data region of one I/O queue: what the options ask, between one
+/// largest transfer (and the 1024 bytes of Connect data) and one per command.
+pub(crate) fn io_region_len(o: &ControllerOptions, depth: u16, max_transfer: usize) -> usize {
+    let every_command = usize::from(depth).saturating_mul(max_transfer);
+    o.io_queue_data_size
+        .unwrap_or(every_command)
+        .clamp(max_transfer.max(1024), every_command.max(1024))
+}
+
 /// I/O queue depth to ask for.
 pub(crate) fn io_depth(cap: &Cap, id: &IdentifyController, o: &ControllerOptions) -> u16 {
     let mut d = u32::from(o.io_queue_depth).min(cap.max_queue_entries());
@@ -297,7 +306,7 @@ pub(crate) fn connect_io_queue<F: Fabric>(
         hrqsize: depth,
         hsqsize: depth - 1,
         cntlid,
-        data_region_len: usize::from(depth) * limits.max_transfer,
+        data_region_len: io_region_len(o, depth, limits.max_transfer),
         // Placement below uses the capsule only when this already holds 1024 bytes.
         in_capsule_data: limits.in_capsule,
     };

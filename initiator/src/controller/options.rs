@@ -61,6 +61,12 @@ pub struct ControllerOptions {
     pub connect_data: DataPlacement,
     /// Largest data transfer per command the host wants (also capped by MDTS).
     pub max_io_size: usize,
+    /// Registered data memory per I/O queue. `None`: a largest transfer for every command
+    /// (queue depth x the largest transfer: 16 MiB at depth 128 and 128 KiB, pinned on an
+    /// RDMA device). Less than that: the commands in flight share it by their own transfer
+    /// sizes, and a submission that finds no room fails with [`crate::Error::QueueFull`] until
+    /// completions free some (at least one largest transfer is always registered).
+    pub io_queue_data_size: Option<usize>,
     /// Send small writes in the capsule when the target allows it.
     pub in_capsule_data: bool,
     /// Give each I/O's data its own short-lived key (memory window) where the transport has
@@ -87,6 +93,7 @@ impl ControllerOptions {
             admin_queue_depth: 32,
             connect_data: DataPlacement::Keyed,
             max_io_size: 128 * 1024,
+            io_queue_data_size: None,
             in_capsule_data: true,
             per_io_keys: false,
             admin_timeout: Duration::from_secs(30),

@@ -88,6 +88,27 @@ fn bring_up_enables_identifies_and_connects_io_queues() {
 }
 
 #[test]
+fn the_io_queue_data_size_is_kept_between_one_largest_transfer_and_one_per_command() {
+    // Depth 128, 128 KiB transfers: 16 MiB when every command gets its own largest slot.
+    for (asked, region) in [
+        (None, 128 * 128 * 1024),
+        (Some(usize::MAX), 128 * 128 * 1024),
+        (Some(1 << 20), 1 << 20),
+        (Some(1), 128 * 1024),
+    ] {
+        let (_, c, _) = attach(LoopbackConfig::default(), |o| o.io_queue_data_size = asked);
+        let mut c = c.unwrap();
+        let q = c.io_queue_mut(0).unwrap();
+        assert_eq!(
+            crate::queue::HostQueue::region(q.queue()).len,
+            region,
+            "asked {asked:?}"
+        );
+        assert_eq!((q.depth(), q.limits().max_transfer), (128, 128 * 1024));
+    }
+}
+
+#[test]
 fn connect_data_can_travel_in_the_capsule() {
     let (target, c, _) = attach(LoopbackConfig::default(), |o| {
         o.connect_data = DataPlacement::InCapsule

@@ -1,8 +1,9 @@
 //! Asynchronous I/O on one I/O queue: submit read / write / compare / flush / write zeroes /
 //! deallocate with a caller token, poll for completions. Owned and polled by one reactor.
 //!
-//! Each in-flight command owns one slot of the queue's data region (slot index = CID index),
-//! so submission allocates nothing. Writes up to the in-capsule limit travel in the capsule
+//! Each in-flight command owns a piece of the queue's data region: a fixed slot per CID when
+//! the region holds a largest transfer for every command, else a run sized by its transfer
+//! (`data_slots.rs`); submission allocates no memory. Writes up to the in-capsule limit travel in the capsule
 //! (target advertised SGLS offset support and IOCCSZ room), larger ones by keyed SGL.
 //! A lost connection fails every in-flight command with [`Error::ConnectionLost`]
 //! at the next poll; nothing waits forever. A completion whose CID (with its generation)
@@ -38,7 +39,9 @@ use crate::cid::{CidLookup, CidTable};
 use crate::clock::SharedClock;
 use crate::error::{Error, Result};
 use crate::queue::HostQueue;
+use data_slots::DataSlots;
 
+mod data_slots;
 mod read_data;
 mod ready;
 pub use read_data::ReadData;
@@ -104,6 +107,8 @@ struct Pending {
     token: u64,
     kind: IoKind,
     bytes: u32,
+    /// Where its data lies in the region.
+    offset: usize,
     submitted: Instant,
 }
 
@@ -125,7 +130,7 @@ pub struct IoStats {
 /// Per-queue limits fixed at connect time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IoLimits {
-    /// Largest data transfer of one command (slot size; MDTS and the host's maximum).
+    /// Largest data transfer of one command (MDTS and the host's maximum).
     pub max_transfer: usize,
     /// Largest write sent in the capsule (0 = never).
     pub in_capsule: usize,
@@ -156,6 +161,8 @@ enum Stamp {
 pub struct IoQueue<Q: HostQueue> {
     queue: Q,
     cids: CidTable<Pending>,
+    /// Where each command's data lives in the region.
+    slots: DataSlots,
     limits: IoLimits,
     clock: SharedClock,
     stamp: Stamp,
@@ -184,14 +191,17 @@ impl<Q: HostQueue> std::fmt::Debug for IoQueue<Q> {
 }
 
 impl<Q: HostQueue> IoQueue<Q> {
-    /// Wrap a connected queue (Fabrics Connect done).
-    pub fn new(queue: Q, limits: IoLimits, clock: SharedClock) -> Self {
-        let depth = usize::from(queue.depth())
-            .min(queue.region().len / limits.max_transfer.max(1))
-            .max(1);
+    /// Wrap a connected queue (Fabrics Connect done). A region smaller than depth x
+    /// `limits.max_transfer` is shared by the commands in flight by their transfer sizes; a
+    /// transfer larger than the region is refused as larger than `max_transfer`.
+    pub fn new(queue: Q, mut limits: IoLimits, clock: SharedClock) -> Self {
+        let depth = usize::from(queue.depth()).max(1);
+        let slots = DataSlots::new(queue.region().len, depth, limits.max_transfer);
+        limits.max_transfer = limits.max_transfer.min(slots.largest());
         Self {
             queue,
             cids: CidTable::new_half_turn(depth),
+            slots,
             limits,
             stats: IoStats::default(),
             lost: None,
@@ -215,6 +225,18 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// Commands in flight.
     pub fn in_flight(&self) -> usize {
         self.cids.in_flight()
+    }
+    /// True when a command carrying `bytes` of data could be submitted now: a free CID and,
+    /// in a shared data region, a free run of that size (else the submission fails with
+    /// [`Error::QueueFull`] until completions free one).
+    pub fn has_room_for(&self, bytes: usize) -> bool {
+        self.cids.has_free() && self.has_data_room_for(bytes)
+    }
+    /// True when the data region has room for `bytes` now (always, unless it is shared): for
+    /// a caller that keeps its own count of the commands in flight.
+    #[inline]
+    pub fn has_data_room_for(&self, bytes: usize) -> bool {
+        self.slots.has_room(bytes)
     }
     /// The clock that stamps its commands.
     pub fn clock(&self) -> &SharedClock {
@@ -301,6 +323,7 @@ impl<Q: HostQueue> IoQueue<Q> {
         let now = self.clock.now();
         let mut failed = 0;
         let undelivered = &mut self.undelivered;
+        self.slots.release_all();
         self.cids.drain(|_, p| {
             failed += 1;
             undelivered.push(IoCompletion {
@@ -346,13 +369,23 @@ impl<Q: HostQueue> IoQueue<Q> {
                 self.limits.max_transfer
             )));
         }
-        let pending = Pending {
-            token,
-            kind,
-            bytes: bytes as u32,
-            submitted: self.submit_time(),
-        };
-        self.cids.allocate(pending).ok_or(Error::QueueFull)
+        let submitted = self.submit_time();
+        let slots = &mut self.slots;
+        let mut offset = 0;
+        let (_, cid) = self
+            .cids
+            .allocate_with(|index| {
+                offset = slots.take(index, bytes)?;
+                Some(Pending {
+                    token,
+                    kind,
+                    bytes: bytes as u32,
+                    offset,
+                    submitted,
+                })
+            })
+            .ok_or(Error::QueueFull)?;
+        Ok((offset, cid))
     }
 
     /// `lazy`: the queue sends what its registered region holds for the command's outgoing
@@ -377,23 +410,42 @@ impl<Q: HostQueue> IoQueue<Q> {
             Err(crate::queue::QueueError::Disconnected(why)) => {
                 // This command never left: release its slot so only the caller hears of it;
                 // the others in flight fail at the next poll.
-                self.cids.complete(cid);
+                self.unsent(cid);
                 self.connection_lost(why.clone());
                 Err(Error::ConnectionLost(why))
             }
             Err(e) => {
-                self.cids.complete(cid);
+                self.unsent(cid);
                 Err(e.into())
             }
         }
     }
 
-    fn slot_range(&self, index: usize, bytes: usize) -> std::ops::Range<usize> {
-        let base = index * self.limits.max_transfer;
-        base..base + bytes
+    /// Release the CID and data of a command that did not go out.
+    fn unsent(&mut self, cid: u16) {
+        if let CidLookup::Completed { payload, .. } = self.cids.complete(cid) {
+            self.slots.release(payload.offset, payload.bytes as usize);
+        }
     }
 
-    fn data_sgl(&mut self, range: &std::ops::Range<usize>) -> Result<SglDescriptor> {
+    /// The keyed SGL naming `range` for command `cid`; when none can be made, the command is
+    /// released (CID and data) before the error goes back to the caller.
+    #[inline]
+    fn data_sgl(&mut self, cid: u16, range: &std::ops::Range<usize>) -> Result<SglDescriptor> {
+        match self.keyed_sgl(range) {
+            Ok(sgl) => Ok(sgl),
+            Err(e) => Err(self.unsent_because(cid, e)),
+        }
+    }
+
+    #[cold]
+    fn unsent_because(&mut self, cid: u16, error: Error) -> Error {
+        self.unsent(cid);
+        error
+    }
+
+    #[inline]
+    fn keyed_sgl(&mut self, range: &std::ops::Range<usize>) -> Result<SglDescriptor> {
         if self.limits.per_io_keys {
             if let Some((address, key)) = self.queue.bind_window(range.clone())? {
                 // Subtype 0xF: the target invalidates the window's key with its response.
@@ -409,8 +461,8 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// Submit a Read of `blocks` blocks at `lba`; the data is handed to the poll callback.
     pub fn submit_read(&mut self, ns: &NsTarget, lba: u64, blocks: u32, token: u64) -> Result<()> {
         let bytes = Self::blocks_ok(ns, lba, blocks)?;
-        let (index, cid) = self.start(token, IoKind::Read, bytes)?;
-        let range = self.slot_range(index, bytes);
+        let (offset, cid) = self.start(token, IoKind::Read, bytes)?;
+        let range = offset..offset + bytes;
         let sqe = ReadCmd {
             cid,
             nsid: ns.nsid,
@@ -418,7 +470,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             nlb: (blocks - 1) as u16,
             control: RwControl::default(),
             dsm: 0,
-            sgl: self.data_sgl(&range)?,
+            sgl: self.data_sgl(cid, &range)?,
         }
         .to_sqe();
         self.send(cid, &sqe, None, false)
@@ -434,8 +486,8 @@ impl<Q: HostQueue> IoQueue<Q> {
         fill: Option<impl FnOnce(&mut [u8])>,
     ) -> Result<()> {
         let bytes = Self::blocks_ok(ns, lba, blocks)?;
-        let (index, cid) = self.start(token, kind, bytes)?;
-        let range = self.slot_range(index, bytes);
+        let (offset, cid) = self.start(token, kind, bytes)?;
+        let range = offset..offset + bytes;
         let lazy = fill.is_none();
         if let Some(fill) = fill {
             fill(&mut self.queue.region_bytes_mut()[range.clone()]);
@@ -447,7 +499,7 @@ impl<Q: HostQueue> IoQueue<Q> {
                 length: bytes as u32,
             }
         } else {
-            self.data_sgl(&range)?
+            self.data_sgl(cid, &range)?
         };
         let mut sqe = WriteCmd {
             cid,
@@ -567,8 +619,8 @@ impl<Q: HostQueue> IoQueue<Q> {
             }
         }
         let bytes = ranges.len() * DSM_RANGE_SIZE;
-        let (index, cid) = self.start(token, IoKind::Deallocate, bytes)?;
-        let range = self.slot_range(index, bytes);
+        let (offset, cid) = self.start(token, IoKind::Deallocate, bytes)?;
+        let range = offset..offset + bytes;
         let slot = &mut self.queue.region_bytes_mut()[range.clone()];
         for (chunk, &(slba, length)) in slot.chunks_exact_mut(DSM_RANGE_SIZE).zip(ranges) {
             chunk.copy_from_slice(
@@ -587,7 +639,7 @@ impl<Q: HostQueue> IoQueue<Q> {
             idr: false,
             idw: false,
             ad: true,
-            sgl: self.data_sgl(&range)?,
+            sgl: self.data_sgl(cid, &range)?,
         }
         .to_sqe();
         self.send(cid, &sqe, None, false)
@@ -693,7 +745,7 @@ impl<Q: HostQueue> IoQueue<Q> {
         fetched: bool,
         on_complete: &mut impl FnMut(IoCompletion, ReadData<'_, Q>),
     ) -> usize {
-        let CidLookup::Completed { index, payload } = self.cids.complete(cqe.cid) else {
+        let CidLookup::Completed { payload, .. } = self.cids.complete(cqe.cid) else {
             self.stats.stale_completions += 1;
             tracing::warn!(
                 cid = cqe.cid,
@@ -716,7 +768,10 @@ impl<Q: HostQueue> IoQueue<Q> {
         } else {
             0
         };
-        let range = self.slot_range(index, data_len);
+        // Free for the next submission already: nothing can submit before the callback
+        // (which borrows the queue) is done with the data.
+        self.slots.release(payload.offset, payload.bytes as usize);
+        let range = payload.offset..payload.offset + data_len;
         on_complete(
             IoCompletion {
                 token: payload.token,

@@ -460,3 +460,146 @@ fn a_batch_shares_one_time_stamp_until_the_next_poll() {
     clock.advance(ms);
     assert_eq!(latencies(q), vec![(3, 2 * ms), (4, ms)]);
 }
+
+/// A controller whose I/O queue registers `region` bytes for transfers of up to 8 KiB (MDTS
+/// 1) at depth 128, over a namespace of 2048 512-byte blocks.
+fn setup_shared_region(region: usize) -> (LoopbackTarget, Controller<LoopbackFabric>) {
+    let config = LoopbackConfig {
+        mdts: 1,
+        ..LoopbackConfig::default()
+    };
+    let (t, c, _) = attach(config, |o| {
+        o.reconnect = ReconnectPolicy::never();
+        o.io_queue_data_size = Some(region);
+    });
+    (t, c.unwrap())
+}
+
+#[test]
+fn a_shared_data_region_takes_each_command_by_its_size_and_frees_it_at_completion() {
+    let (_, mut c) = setup_shared_region(16 * 1024);
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    assert_eq!(q.queue().region().len, 16 * 1024);
+    // The depth is the queue's, not the region's count of 8 KiB slots.
+    assert_eq!(q.depth(), 128);
+    for token in 0..4 {
+        q.submit_read(&ns, token * 8, 8, token).unwrap();
+    }
+    // 4 x 4 KiB in flight fill the region; a command without data still goes.
+    assert!(!q.has_room_for(512));
+    assert_eq!(q.submit_read(&ns, 0, 1, 98), Err(Error::QueueFull));
+    assert_eq!(q.in_flight(), 4, "the refused command holds no CID");
+    assert!(q.has_room_for(0));
+    q.submit_flush(ns.nsid, 99).unwrap();
+    let done = collect(q, 5);
+    assert_eq!(done.len(), 5);
+    assert!(done.iter().all(|(c, _)| c.result.is_ok()));
+    assert!(q.has_room_for(8192));
+    q.submit_read(&ns, 0, 16, 100).unwrap();
+    assert_eq!(collect(q, 1)[0].1.len(), 8192);
+}
+
+/// The byte a namespace holds at `byte` after the sweep below wrote it.
+fn pattern(byte: u64) -> u8 {
+    (byte / 512 * 7 + byte % 512) as u8
+}
+
+#[test]
+fn commands_of_mixed_sizes_completing_out_of_order_never_share_region_bytes() {
+    let (target, mut c) = setup_shared_region(20 * 1024);
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    target.reorder_responses(true);
+    let sizes = [1u32, 3, 8, 16, 2, 5];
+    let mut refused = 0;
+    let mut checked = 0;
+    // Sweep the namespace twice: writes of the pattern, then reads that check it. Each
+    // sweep submits until the region is full, then polls once: responses come newest first,
+    // so the free runs are holes between commands still in flight.
+    for write in [true, false] {
+        let mut lba = 0u64;
+        let mut round = 0;
+        while lba < ns.blocks || q.in_flight() > 0 {
+            while lba < ns.blocks {
+                let blocks = sizes[round % sizes.len()].min((ns.blocks - lba) as u32);
+                let submitted = if write {
+                    q.submit_write(&ns, lba, blocks, lba, |slot| {
+                        for (i, b) in slot.iter_mut().enumerate() {
+                            *b = pattern(lba * 512 + i as u64);
+                        }
+                    })
+                } else {
+                    q.submit_read(&ns, lba, blocks, lba)
+                };
+                match submitted {
+                    Ok(()) => {
+                        lba += u64::from(blocks);
+                        round += 1;
+                    }
+                    Err(Error::QueueFull) => {
+                        refused += 1;
+                        break;
+                    }
+                    Err(e) => panic!("LBA {lba}: {e}"),
+                }
+            }
+            q.poll(|done, data| {
+                assert_eq!(done.result, Ok(()), "LBA {}", done.token);
+                for (i, &b) in data.iter().enumerate() {
+                    assert_eq!(
+                        b,
+                        pattern(done.token * 512 + i as u64),
+                        "LBA {}",
+                        done.token
+                    );
+                }
+                checked += data.len();
+            });
+        }
+    }
+    assert!(
+        refused > 100,
+        "the region, not the depth, held commands back: {refused}"
+    );
+    assert_eq!(checked as u64, ns.blocks * 512);
+    let stored = target.read_namespace(1, 0..ns.blocks as usize * 512);
+    assert!(
+        stored
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == pattern(i as u64))
+    );
+}
+
+#[test]
+fn a_keyed_sgl_that_cannot_be_made_releases_its_command() {
+    // No MDTS, a 16 MiB host maximum: a 16 MiB read passes every local check but does not
+    // fit a keyed SGL's 24-bit length.
+    let config = LoopbackConfig {
+        mdts: 0,
+        namespaces: vec![crate::loopback::NamespaceConfig {
+            blocks: 32768,
+            block_shift: 9,
+        }],
+        ..LoopbackConfig::default()
+    };
+    let (_, c, _) = attach(config, |o| {
+        o.reconnect = ReconnectPolicy::never();
+        o.max_io_size = 16 << 20;
+        o.io_queue_data_size = Some(16 << 20);
+    });
+    let mut c = c.unwrap();
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.io_queue_mut(0).unwrap();
+    match q.submit_read(&ns, 0, 32768, 1) {
+        Err(Error::InvalidArgument(why)) => assert!(why.contains("24-bit"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(q.in_flight(), 0, "no CID left behind");
+    assert!(q.has_room_for(16 << 20), "no data left behind");
+    q.submit_read(&ns, 0, 32767, 2).unwrap();
+    let done = collect(q, 1);
+    assert_eq!(done[0].0.result, Ok(()));
+    assert_eq!(done[0].1.len(), 32767 * 512);
+}

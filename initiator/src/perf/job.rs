@@ -321,7 +321,10 @@ impl<Q: HostQueue> Job<Q> {
 
     fn submit_some(&mut self) {
         let bs = self.ns.block_size as usize;
-        while self.queue.in_flight() < self.spec.depth {
+        // A shared data region (the host's `io_queue_data_size`) may be full before the depth.
+        while self.queue.in_flight() < self.spec.depth
+            && self.queue.has_data_room_for(self.spec.io_size)
+        {
             let in_flight = &self.in_flight;
             let Some((op, unit)) = self.generator.next(|u| in_flight.contains(u)) else {
                 return;

@@ -110,6 +110,25 @@ fn verified_random_mix_passes_and_checks_reads() {
 }
 
 #[test]
+fn a_job_on_a_shared_data_region_waits_for_room_instead_of_erring() {
+    // 16 KiB of region for a depth-8 job of 4 KiB I/O: four in flight at most.
+    let (_, c, _) = attach(one_namespace(1024), |o| {
+        o.reconnect = ReconnectPolicy::never();
+        o.max_io_size = 8192;
+        o.io_queue_data_size = Some(16 * 1024);
+    });
+    let mut c = c.unwrap();
+    let r = run_job(&mut c, spec(Pattern::RandRw, true), 500);
+    assert!(r.reads > 100 && r.writes > 100, "{} {}", r.reads, r.writes);
+    assert_eq!(
+        (r.errors, r.verify_failures),
+        (0, 0),
+        "{:?}",
+        r.error_messages
+    );
+}
+
+#[test]
 fn corruption_behind_the_hosts_back_is_reported_with_lba() {
     let (target, mut c) = controller(1);
     let ns = c.namespace(1).unwrap().target();
