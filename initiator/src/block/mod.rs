@@ -2,10 +2,10 @@
 //! and length over one namespace and one I/O queue of a [`Controller`].
 //!
 //! Requests are split by the largest transfer (MDTS and the host maximum) and pipelined up to
-//! the queue depth (and what the queue's data region holds); unaligned edges are handled by read-modify-write of the edge blocks. When
-//! the connection is lost the operation waits for the controller to come back (or fails) as
-//! the reconnect policy says, then is retried whole: reads and writes of the same bytes are
-//! idempotent.
+//! the queue depth (and what the queue's data region holds); unaligned edges are handled by
+//! read-modify-write of the edge blocks. When the connection is lost the operation waits for
+//! the controller to come back (or fails) as the reconnect policy says, then is retried whole:
+//! reads and writes of the same bytes are idempotent.
 
 use crate::controller::Controller;
 use crate::error::{Error, Result};

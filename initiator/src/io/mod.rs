@@ -3,8 +3,9 @@
 //!
 //! Each in-flight command owns a piece of the queue's data region: a fixed slot per CID when
 //! the region holds a largest transfer for every command, else a run sized by its transfer
-//! (`data_slots.rs`); submission allocates no memory. Writes up to the in-capsule limit travel in the capsule
-//! (target advertised SGLS offset support and IOCCSZ room), larger ones by keyed SGL.
+//! (`data_slots.rs`); submission allocates no memory. Writes up to the in-capsule limit travel
+//! in the capsule (target advertised SGLS offset support and IOCCSZ room), larger ones by
+//! keyed SGL.
 //! A lost connection fails every in-flight command with [`Error::ConnectionLost`]
 //! at the next poll; nothing waits forever. A completion whose CID (with its generation)
 //! matches nothing in flight is counted as stale and dropped.
