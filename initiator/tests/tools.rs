@@ -101,6 +101,38 @@ fn nvmf_identify_list_and_discover() {
 }
 
 #[test]
+fn nvmf_connect_says_the_queue_data_size_asked_and_clamped() {
+    // The loopback target: MDTS 128 KiB; `connect` asks 128 commands per queue.
+    for (asked, registered) in [
+        (None, 128 * 128 * 1024),
+        (Some("256K"), 256 * 1024),
+        (Some("4K"), 128 * 1024),
+    ] {
+        let mut args = vec!["--transport", "loopback"];
+        if let Some(size) = asked {
+            args.extend(["--queue-data-size", size]);
+        }
+        args.extend(["connect", "--json"]);
+        let (code, out, err) = run(NVMF, &args);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["queue_data"], registered, "{asked:?}: {out}");
+    }
+    let (code, _, err) = run(
+        NVMF,
+        &[
+            "--transport",
+            "loopback",
+            "--queue-data-size",
+            "lots",
+            "connect",
+        ],
+    );
+    assert_eq!(code, 2);
+    assert!(err.contains("--queue-data-size"), "{err}");
+}
+
+#[test]
 fn nvmf_read_writes_stdout_and_compare_sets_the_exit_code() {
     let (code, out, _) = run(
         NVMF,

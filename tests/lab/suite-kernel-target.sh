@@ -1,6 +1,7 @@
 #!/bin/bash
 # Suite `kernel-target` (guest): nvmf-rs's host side against the Linux kernel's target
-# (nvmet-rdma) over rxe0: nvmf discover and identify, then nvmf-perf with --verify on 4 qpairs;
+# (nvmet-rdma) over rxe0: nvmf discover and identify, a write and read back through a shared
+# queue data region, then nvmf-perf with --verify on 4 qpairs;
 # afterwards no qpair is left on either side.
 SUITE=kernel-target
 . "$(dirname "$0")/guest-lib.sh"
@@ -16,6 +17,18 @@ nvmf_identify() {
   timeout 60 "$NVMF_BIN" -a "$IP" -s $PORT -n "$NQN" id-ctrl | tee "$LOGS/nvmf-identify.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q "$NQN" "$LOGS/nvmf-identify.log"
 }
+# 2 MiB written and read back in 128 KiB commands through a 256 KiB shared data region (two
+# largest transfers in flight, by the region, not the queue depth), over real verbs.
+nvmf_shared_region() {
+  local data="$LOGS/shared-region.data" back="$LOGS/shared-region.back"
+  local nvmf=(timeout 60 "$NVMF_BIN" -a "$IP" -s $PORT -n "$NQN" --queue-data-size 256K)
+  head -c 2097152 /dev/urandom > "$data" &&
+    "${nvmf[@]}" write -s 2048 -c 4096 -d "$data" &&
+    "${nvmf[@]}" read -s 2048 -c 4096 -d "$back" &&
+    cmp "$data" "$back" &&
+    "${nvmf[@]}" connect | tee "$LOGS/nvmf-connect-shared.log" &&
+    grep -q "^queue_data  : 262144$" "$LOGS/nvmf-connect-shared.log"
+}
 perf_verify() {
   timeout 120 "$PERF_BIN" -a "$IP" -s $PORT -n "$NQN" -q 32 -o 4096 -w randrw -t 30 --qpairs 4 --verify
 }
@@ -24,6 +37,7 @@ check "nvmet-rdma serves $NQN (null_blk 256 MiB, 512 B, any host) on $IP:$PORT" 
 [ -x "$NVMF_BIN" ] || { echo "nvmf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf binary"; }
 check "nvmf discover lists $NQN" nvmf_discover
 check "nvmf id-ctrl $NQN" nvmf_identify
+check "nvmf write + read back 2 MiB through a 256 KiB shared queue data region" nvmf_shared_region
 SKIP_REASON=
 [ -x "$PERF_BIN" ] || { echo "nvmf-perf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf-perf binary"; }
 check "nvmf-perf randrw 4 KiB QD32, 4 qpairs, 30 s, --verify" perf_verify

@@ -279,6 +279,8 @@ pub struct ConnectSummary {
     pub max_transfer: usize,
     /// In-capsule data limit for writes, bytes (0 = keyed SGL only).
     pub in_capsule: usize,
+    /// Registered data memory per I/O queue, bytes.
+    pub queue_data: usize,
     /// Active namespaces.
     pub namespaces: Vec<u32>,
 }
@@ -287,7 +289,7 @@ impl ConnectSummary {
     /// Text form, one `key: value` per line.
     pub fn to_text(&self) -> String {
         format!(
-            "address     : {}\nsubnqn      : {}\ncntlid      : {}\nversion     : {}\nio_queues   : {}\nmax_transfer: {}\nin_capsule  : {}\nnamespaces  : {}\n",
+            "address     : {}\nsubnqn      : {}\ncntlid      : {}\nversion     : {}\nio_queues   : {}\nmax_transfer: {}\nin_capsule  : {}\nqueue_data  : {}\nnamespaces  : {}\n",
             self.address,
             self.subnqn,
             self.cntlid,
@@ -295,6 +297,7 @@ impl ConnectSummary {
             self.io_queues,
             self.max_transfer,
             self.in_capsule,
+            self.queue_data,
             self.namespaces
                 .iter()
                 .map(u32::to_string)

@@ -9,12 +9,12 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 
 use nvmf_initiator::block::BlockDevice;
-use nvmf_initiator::cli::args::ConnectArgs;
+use nvmf_initiator::cli::args::{ConnectArgs, parse_size};
 use nvmf_initiator::cli::format;
 use nvmf_initiator::clock::SystemClock;
 use nvmf_initiator::controller::Controller;
 use nvmf_initiator::loopback::LoopbackFabric;
-use nvmf_initiator::queue::Fabric;
+use nvmf_initiator::queue::{Fabric, HostQueue};
 use nvmf_initiator::rdma::RdmaFabric;
 use nvmf_protocol::DISCOVERY_NQN;
 use nvmf_protocol::features::FeatureId;
@@ -29,6 +29,12 @@ struct Args {
     /// Print JSON instead of text (where the command prints structures).
     #[arg(long, global = true)]
     json: bool,
+    /// Registered data memory of the I/O queue, e.g. 256K (default: the queue depth times the
+    /// largest transfer, one slot per command: 16 MiB at 128 x 128 KiB). Less makes the
+    /// commands in flight share it by their sizes, each waiting for room; kept between one
+    /// largest transfer and one per command.
+    #[arg(long, global = true, value_parser = parse_size)]
+    queue_data_size: Option<u64>,
     #[command(subcommand)]
     command: Command,
 }
@@ -164,6 +170,9 @@ fn attach<F: Fabric>(fabric: F, args: &Args, subnqn: &str) -> anyhow::Result<Con
         options.io_queues = nr_io_queues;
         options.io_queue_depth = queue_size;
     }
+    options.io_queue_data_size = args
+        .queue_data_size
+        .map(|bytes| usize::try_from(bytes).unwrap_or(usize::MAX));
     // A short-lived tool: no keep-alive traffic and no reconnect.
     options.reconnect = nvmf_initiator::controller::ReconnectPolicy::never();
     let address = args.connect.address();
@@ -212,6 +221,10 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
                 io_queues: c.io_queue_count(),
                 max_transfer: c.limits().max_transfer,
                 in_capsule: c.limits().in_capsule,
+                queue_data: c
+                    .io_queue_mut(0)
+                    .map(|q| q.queue().region().len)
+                    .unwrap_or(0),
                 namespaces: c.namespaces().iter().map(|n| n.nsid).collect(),
             };
             if args.json {
