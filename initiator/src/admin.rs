@@ -212,6 +212,20 @@ impl<Q: HostQueue> AdminQueue<Q> {
         Ok(())
     }
 
+    /// The keyed SGL for command `cid`'s data; when none can be made (a length past 24 bits),
+    /// the CID is released before the error goes back, so the queue keeps its depth.
+    fn keyed_or_release(
+        &mut self,
+        cid: u16,
+        address: u64,
+        len: usize,
+        key: u32,
+    ) -> Result<SglDescriptor> {
+        keyed(address, len, key).inspect_err(|_| {
+            self.cids.complete(cid);
+        })
+    }
+
     /// Run one command and wait for its answer. `sqe`'s CID and SGL1 are filled in here.
     /// Returns the completion (success only) and, for `Transfer::ToHost`, the data.
     pub fn execute(
@@ -239,7 +253,7 @@ impl<Q: HostQueue> AdminQueue<Q> {
                     )));
                 }
                 read_len = len;
-                sgl = keyed(region.address + base as u64, len, region.key)?;
+                sgl = self.keyed_or_release(cid, region.address + base as u64, len, region.key)?;
             }
             Transfer::FromHost(data, placement) => {
                 if data.len() > self.slot_size {
@@ -253,7 +267,12 @@ impl<Q: HostQueue> AdminQueue<Q> {
                 self.queue.region_bytes_mut()[base..base + data.len()].copy_from_slice(data);
                 match placement {
                     DataPlacement::Keyed => {
-                        sgl = keyed(region.address + base as u64, data.len(), region.key)?
+                        sgl = self.keyed_or_release(
+                            cid,
+                            region.address + base as u64,
+                            data.len(),
+                            region.key,
+                        )?
                     }
                     DataPlacement::InCapsule => {
                         sgl = SglDescriptor::DataBlockOffset {
@@ -311,4 +330,46 @@ pub(crate) fn keyed(address: u64, len: usize, key: u32) -> Result<SglDescriptor>
         .ok_or_else(|| {
             Error::InvalidArgument(format!("{len} bytes exceed a keyed SGL's 24-bit length"))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::clock::VirtualClock;
+    use crate::loopback::{LoopbackConfig, LoopbackFabric, LoopbackTarget};
+    use crate::queue::{Fabric, QueueConnectParams, TransportAddress};
+
+    #[test]
+    fn a_transfer_no_keyed_sgl_can_name_gives_its_cid_back() {
+        // An admin queue with one slot, larger than a keyed SGL's 24-bit length can name.
+        let slot = (16 << 20) + 512;
+        let target = LoopbackTarget::new(LoopbackConfig::default());
+        let queue = LoopbackFabric::new(target)
+            .connect(&QueueConnectParams {
+                address: TransportAddress::loopback(),
+                qid: 0,
+                hrqsize: 2,
+                hsqsize: 1,
+                cntlid: 0xffff,
+                data_region_len: slot,
+                in_capsule_data: 0,
+            })
+            .unwrap();
+        let mut admin = AdminQueue::new(
+            queue,
+            slot,
+            Arc::new(VirtualClock::new()),
+            Duration::from_secs(1),
+        );
+        let log_page = Sqe::new(nvmf_protocol::AdminOpcode::GetLogPage.raw(), 0, 0);
+        // Twice: had the first kept the only CID, the second would find the queue full.
+        for _ in 0..2 {
+            match admin.execute("Get Log Page", log_page, Transfer::ToHost(16 << 20)) {
+                Err(Error::InvalidArgument(why)) => assert!(why.contains("24-bit"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
 }
