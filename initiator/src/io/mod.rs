@@ -198,7 +198,11 @@ impl<Q: HostQueue> IoQueue<Q> {
     pub fn new(queue: Q, mut limits: IoLimits, clock: SharedClock) -> Self {
         let depth = usize::from(queue.depth()).max(1);
         let slots = DataSlots::new(queue.region().len, depth, limits.max_transfer);
-        limits.max_transfer = limits.max_transfer.min(slots.largest());
+        // A command's byte count is kept in 32 bits (`Pending::bytes`).
+        limits.max_transfer = limits
+            .max_transfer
+            .min(slots.largest())
+            .min(u32::MAX as usize);
         Self {
             queue,
             cids: CidTable::new_half_turn(depth),
