@@ -65,6 +65,15 @@ impl DataSlots {
         }
     }
 
+    /// How many commands of `bytes` each fit at once (from an empty region).
+    pub(super) fn holds(&self, bytes: usize) -> usize {
+        match self {
+            Self::PerCommand { .. } => usize::MAX,
+            Self::Shared(_) if bytes == 0 => usize::MAX,
+            Self::Shared(free) => free.units / bytes.div_ceil(UNIT),
+        }
+    }
+
     /// True when `bytes` of data could be placed now.
     #[inline]
     pub(super) fn has_room(&self, bytes: usize) -> bool {
@@ -211,6 +220,10 @@ mod tests {
     fn a_smaller_region_is_shared_by_transfer_size() {
         // 16 KiB for 8 commands of up to 8 KiB: four 4 KiB commands fit, a fifth waits.
         let mut slots = DataSlots::new(16 * 1024, 8, 8192);
+        assert_eq!(
+            (slots.holds(4096), slots.holds(4097), slots.holds(0)),
+            (4, 3, usize::MAX)
+        );
         let offsets: Vec<_> = (0..4).map(|i| slots.take(i, 4096).unwrap()).collect();
         assert_eq!(offsets, vec![0, 4096, 8192, 12288]);
         assert_eq!(slots.take(4, 4096), None);

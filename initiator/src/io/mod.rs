@@ -231,6 +231,11 @@ impl<Q: HostQueue> IoQueue<Q> {
     pub fn in_flight(&self) -> usize {
         self.cids.in_flight()
     }
+    /// Commands of `bytes` each that can be in flight at once: the depth, or fewer when a
+    /// shared data region holds fewer of them.
+    pub fn depth_for(&self, bytes: usize) -> usize {
+        self.depth().min(self.slots.holds(bytes))
+    }
     /// True when a command carrying `bytes` of data could be submitted now: a free CID and,
     /// in a shared data region, a free run of that size (else the submission fails with
     /// [`Error::QueueFull`] until completions free one).

@@ -76,9 +76,10 @@ impl<Q: HostQueue> std::fmt::Debug for Job<Q> {
     }
 }
 
-/// The depth a job asking `asked` runs at over `queue`: at most what the queue holds.
-fn depth_on<Q: HostQueue>(asked: usize, queue: &IoQueue<Q>) -> usize {
-    asked.min(queue.depth()).max(1)
+/// The depth a job asking `asked` of `io_size` commands runs at over `queue`: at most what
+/// the queue holds (its depth, and its data region when that is shared).
+fn depth_on<Q: HostQueue>(asked: usize, io_size: usize, queue: &IoQueue<Q>) -> usize {
+    asked.min(queue.depth_for(io_size)).max(1)
 }
 
 impl<Q: HostQueue> Job<Q> {
@@ -121,7 +122,7 @@ impl<Q: HostQueue> Job<Q> {
                 "job range of {blocks} blocks is smaller than one I/O"
             )));
         }
-        let depth = depth_on(spec.depth, &queue);
+        let depth = depth_on(spec.depth, spec.io_size, &queue);
         Ok(Self {
             generator: Generator::new(spec.pattern, spec.mix, units, seed),
             generations: if spec.verify {
@@ -186,7 +187,7 @@ impl<Q: HostQueue> Job<Q> {
         self.queue.disconnect("replaced after a reconnect");
         self.step();
         // The target may have come back with shallower (or deeper) queues.
-        let depth = depth_on(self.asked_depth, &queue);
+        let depth = depth_on(self.asked_depth, self.spec.io_size, &queue);
         self.spec.depth = depth;
         self.in_flight = InFlightUnits::new(depth);
         self.generations.fill(0);
@@ -321,7 +322,8 @@ impl<Q: HostQueue> Job<Q> {
 
     fn submit_some(&mut self) {
         let bs = self.ns.block_size as usize;
-        // A shared data region (the host's `io_queue_data_size`) may be full before the depth.
+        // In a shared data region (the host's `io_queue_data_size`) the depth counts what it
+        // holds from empty; runs freed out of order may leave less room for a while.
         while self.queue.in_flight() < self.spec.depth
             && self.queue.has_data_room_for(self.spec.io_size)
         {

@@ -222,8 +222,9 @@ pub struct Report {
     /// estimates what the host cores could carry.
     pub host_busy_percent: Vec<f64>,
     /// Set when jobs ran shallower than the queue depth asked: their I/O queues hold fewer
-    /// commands (the controller's CAP.MQES + 1 or the depth the target granted), so every
-    /// figure above is at the smaller depth.
+    /// commands (the controller's CAP.MQES + 1 or the depth the target granted; for a library
+    /// caller, also a shared data region smaller than depth x I/O size), so every figure above
+    /// is at the smaller depth.
     pub depth_capped: Option<DepthCap>,
 }
 

@@ -78,14 +78,29 @@ fn one_queue_run(duration: Duration) -> RunConfig {
     }
 }
 
+/// A job over the first 256 blocks of namespace 1 on the controller's first I/O queue.
+fn job_of(
+    c: &mut Controller<LoopbackFabric>,
+    spec: JobSpec,
+) -> Job<crate::loopback::LoopbackQueue> {
+    let ns = c.namespace(1).unwrap().target();
+    let q = c.take_io_queue(0).unwrap();
+    Job::new(q, ns, 0, 256, spec, 5, Arc::new(Progress::default())).unwrap()
+}
+
 fn run_job(
     c: &mut Controller<LoopbackFabric>,
     spec: JobSpec,
     steps: usize,
 ) -> super::report::JobResult {
-    let ns = c.namespace(1).unwrap().target();
-    let q = c.take_io_queue(0).unwrap();
-    let mut job = Job::new(q, ns, 0, 256, spec, 5, Arc::new(Progress::default())).unwrap();
+    run_steps(job_of(c, spec), steps)
+}
+
+/// `steps` steps of `job`, then its drain; its result.
+fn run_steps(
+    mut job: Job<crate::loopback::LoopbackQueue>,
+    steps: usize,
+) -> super::report::JobResult {
     for _ in 0..steps {
         job.step();
     }
@@ -96,9 +111,10 @@ fn run_job(
     job.finish().0
 }
 
-/// 500 steps of a verified 50/50 random mix: both kinds ran, no error, no verify failure.
-fn verified_mix_passes(c: &mut Controller<LoopbackFabric>) {
-    let r = run_job(c, spec(Pattern::RandRw, true), 500);
+/// 500 steps of `job` (a verified 50/50 random mix): both kinds ran, no error, no verify
+/// failure.
+fn verified_mix_passes(job: Job<crate::loopback::LoopbackQueue>) {
+    let r = run_steps(job, 500);
     assert!(r.reads > 100 && r.writes > 100, "{} {}", r.reads, r.writes);
     assert_eq!(
         (r.errors, r.verify_failures),
@@ -111,19 +127,26 @@ fn verified_mix_passes(c: &mut Controller<LoopbackFabric>) {
 #[test]
 fn verified_random_mix_passes_and_checks_reads() {
     let (_, mut c) = controller(1);
-    verified_mix_passes(&mut c);
+    verified_mix_passes(job_of(&mut c, spec(Pattern::RandRw, true)));
 }
 
 #[test]
-fn a_job_on_a_shared_data_region_waits_for_room_instead_of_erring() {
+fn a_job_on_a_shared_data_region_runs_at_the_depth_it_holds() {
     // 16 KiB of region for a depth-8 job of 4 KiB I/O: four in flight at most.
     let (_, c, _) = attach(one_namespace(1024), |o| {
         o.reconnect = ReconnectPolicy::never();
         o.max_io_size = 8192;
         o.io_queue_data_size = Some(16 * 1024);
     });
+    // The controller lives on: the job's queue is one of its associations.
     let mut c = c.unwrap();
-    verified_mix_passes(&mut c);
+    let job = job_of(&mut c, spec(Pattern::RandRw, true));
+    assert_eq!(
+        job.depth(),
+        4,
+        "the depth the region holds, not the 8 asked"
+    );
+    verified_mix_passes(job);
 }
 
 #[test]
