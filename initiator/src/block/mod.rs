@@ -135,12 +135,6 @@ impl<F: Fabric> BlockDevice<F> {
         while (next < end && first_error.is_none()) || outstanding > 0 {
             while next < end && first_error.is_none() {
                 let n = chunk.min(end - next) as u32;
-                // A shared data region may be full before the CIDs are: wait for completions
-                // (with nothing in flight the submission's own error says why).
-                let bytes = n as usize * ns.block_size as usize;
-                if outstanding > 0 && !queue.has_room_for(bytes) {
-                    break;
-                }
                 let at = next;
                 let submitted = match direction {
                     Direction::Read => queue.submit_read(&ns, at, n, at),
@@ -154,6 +148,9 @@ impl<F: Fabric> BlockDevice<F> {
                         outstanding += 1;
                         next += u64::from(n);
                     }
+                    // Every CID, or a shared data region, is taken: wait for completions
+                    // (the refused command took nothing; with none in flight it is an error).
+                    Err(Error::QueueFull) if outstanding > 0 => break,
                     Err(e) => first_error = Some(e),
                 }
             }

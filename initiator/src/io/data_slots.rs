@@ -267,6 +267,30 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Runs of one size stay aligned to it, so as many as `holds` says always fit, in any
+        /// completion order (what a perf job of one I/O size relies on for its depth).
+        #[test]
+        fn runs_of_one_size_always_fit_as_many_as_the_region_holds(
+            units in 1usize..300,
+            size in 1usize..40,
+            picks in proptest::collection::vec(0usize..64, 1..300),
+        ) {
+            let mut slots = DataSlots::Shared(FreeUnits::new(units));
+            let bytes = size * UNIT;
+            let depth = slots.holds(bytes);
+            let mut held: Vec<usize> = Vec::new();
+            for pick in picks {
+                while held.len() < depth {
+                    let taken = slots.take(0, bytes);
+                    proptest::prop_assert!(taken.is_some(), "{} of {depth} held", held.len());
+                    held.extend(taken);
+                }
+                if !held.is_empty() {
+                    slots.release(held.swap_remove(pick % held.len()), bytes);
+                }
+            }
+        }
+
         /// Any sequence of takes and releases: a run taken is inside the region, overlaps no
         /// run held, and a take fails only when no free run of that length exists (checked
         /// against a plain array of the units held).

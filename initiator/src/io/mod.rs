@@ -240,13 +240,7 @@ impl<Q: HostQueue> IoQueue<Q> {
     /// in a shared data region, a free run of that size (else the submission fails with
     /// [`Error::QueueFull`] until completions free one).
     pub fn has_room_for(&self, bytes: usize) -> bool {
-        self.cids.has_free() && self.has_data_room_for(bytes)
-    }
-    /// True when the data region has room for `bytes` now (always, unless it is shared): for
-    /// a caller that keeps its own count of the commands in flight.
-    #[inline]
-    pub fn has_data_room_for(&self, bytes: usize) -> bool {
-        self.slots.has_room(bytes)
+        self.cids.has_free() && self.slots.has_room(bytes)
     }
     /// The clock that stamps its commands.
     pub fn clock(&self) -> &SharedClock {

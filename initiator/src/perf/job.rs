@@ -322,11 +322,10 @@ impl<Q: HostQueue> Job<Q> {
 
     fn submit_some(&mut self) {
         let bs = self.ns.block_size as usize;
-        // In a shared data region (the host's `io_queue_data_size`) the depth counts what it
-        // holds from empty; runs freed out of order may leave less room for a while.
-        while self.queue.in_flight() < self.spec.depth
-            && self.queue.has_data_room_for(self.spec.io_size)
-        {
+        // In a shared data region (the host's `io_queue_data_size`) the depth is what it holds
+        // of this job's I/O size (`depth_on`): runs of one size stay aligned to it, so that
+        // many always fit, whatever order they complete in.
+        while self.queue.in_flight() < self.spec.depth {
             let in_flight = &self.in_flight;
             let Some((op, unit)) = self.generator.next(|u| in_flight.contains(u)) else {
                 return;
