@@ -6,6 +6,7 @@
 //! Keep Alive runs in the background: [`AdminQueue::send_keep_alive`] submits without waiting
 //! and the answer is picked up by whichever later call polls the queue.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use nvmf_protocol::sqe::FABRICS_OPCODE;
@@ -212,18 +213,52 @@ impl<Q: HostQueue> AdminQueue<Q> {
         Ok(())
     }
 
-    /// The keyed SGL for command `cid`'s data; when none can be made (a length past 24 bits),
-    /// the CID is released before the error goes back, so the queue keeps its depth.
-    fn keyed_or_release(
+    /// How command data of `transfer` travels through the slot at `base` of the queue's
+    /// region: its SGL, the in-capsule range (if any) and the bytes to read back. Host-to-
+    /// controller data is copied into the slot here.
+    fn describe(
         &mut self,
-        cid: u16,
-        address: u64,
-        len: usize,
-        key: u32,
-    ) -> Result<SglDescriptor> {
-        keyed(address, len, key).inspect_err(|_| {
-            self.cids.complete(cid);
-        })
+        name: &'static str,
+        base: usize,
+        transfer: Transfer<'_>,
+    ) -> Result<CommandData> {
+        let (len, outgoing) = match transfer {
+            Transfer::None => return Ok(CommandData::none()),
+            Transfer::ToHost(len) => (len, None),
+            Transfer::FromHost(data, placement) => (data.len(), Some((data, placement))),
+        };
+        if len > self.slot_size {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: {len} bytes > slot {}",
+                self.slot_size
+            )));
+        }
+        let region = self.queue.region();
+        let address = region.address + base as u64;
+        match outgoing {
+            None => Ok(CommandData {
+                sgl: keyed(address, len, region.key)?,
+                in_capsule: None,
+                read_len: len,
+            }),
+            Some((data, placement)) => {
+                self.queue.region_bytes_mut()[base..base + len].copy_from_slice(data);
+                match placement {
+                    DataPlacement::Keyed => Ok(CommandData {
+                        sgl: keyed(address, len, region.key)?,
+                        ..CommandData::none()
+                    }),
+                    DataPlacement::InCapsule => Ok(CommandData {
+                        sgl: SglDescriptor::DataBlockOffset {
+                            offset: 0,
+                            length: len as u32,
+                        },
+                        in_capsule: Some(base..base + len),
+                        read_len: 0,
+                    }),
+                }
+            }
+        }
     }
 
     /// Run one command and wait for its answer. `sqe`'s CID and SGL1 are filled in here.
@@ -237,53 +272,20 @@ impl<Q: HostQueue> AdminQueue<Q> {
         self.poll()?;
         let (index, cid) = self.cids.allocate(Purpose::Wait).ok_or(Error::QueueFull)?;
         let base = index * self.slot_size;
-        let region = self.queue.region();
         sqe.cid = cid;
-        let mut in_capsule = None;
-        let mut sgl = SglDescriptor::NULL;
-        let mut read_len = 0;
-        match transfer {
-            Transfer::None => {}
-            Transfer::ToHost(len) => {
-                if len > self.slot_size {
-                    self.cids.complete(cid);
-                    return Err(Error::InvalidArgument(format!(
-                        "{name}: {len} bytes > slot {}",
-                        self.slot_size
-                    )));
-                }
-                read_len = len;
-                sgl = self.keyed_or_release(cid, region.address + base as u64, len, region.key)?;
+        // A command that cannot be described or sent gives its CID back, so the queue keeps
+        // its depth.
+        let CommandData {
+            sgl,
+            in_capsule,
+            read_len,
+        } = match self.describe(name, base, transfer) {
+            Ok(described) => described,
+            Err(e) => {
+                self.cids.complete(cid);
+                return Err(e);
             }
-            Transfer::FromHost(data, placement) => {
-                if data.len() > self.slot_size {
-                    self.cids.complete(cid);
-                    return Err(Error::InvalidArgument(format!(
-                        "{name}: {} bytes > slot {}",
-                        data.len(),
-                        self.slot_size
-                    )));
-                }
-                self.queue.region_bytes_mut()[base..base + data.len()].copy_from_slice(data);
-                match placement {
-                    DataPlacement::Keyed => {
-                        sgl = self.keyed_or_release(
-                            cid,
-                            region.address + base as u64,
-                            data.len(),
-                            region.key,
-                        )?
-                    }
-                    DataPlacement::InCapsule => {
-                        sgl = SglDescriptor::DataBlockOffset {
-                            offset: 0,
-                            length: data.len() as u32,
-                        };
-                        in_capsule = Some(base..base + data.len());
-                    }
-                }
-            }
-        }
+        };
         sqe.set_sgl1(sgl);
         if let Err(e) = self.queue.submit(&sqe, in_capsule) {
             self.cids.complete(cid);
@@ -323,6 +325,25 @@ impl<Q: HostQueue> AdminQueue<Q> {
     }
 }
 
+/// How one command's data travels (see `AdminQueue::describe`).
+struct CommandData {
+    sgl: SglDescriptor,
+    /// The slot's bytes sent in the capsule.
+    in_capsule: Option<Range<usize>>,
+    /// Bytes the controller writes into the slot, read back at completion.
+    read_len: usize,
+}
+
+impl CommandData {
+    fn none() -> CommandData {
+        CommandData {
+            sgl: SglDescriptor::NULL,
+            in_capsule: None,
+            read_len: 0,
+        }
+    }
+}
+
 /// A keyed data block over `len` bytes at `address`.
 pub(crate) fn keyed(address: u64, len: usize, key: u32) -> Result<SglDescriptor> {
     SglDescriptor::keyed(address, len as u32, key, false)
@@ -341,10 +362,8 @@ mod tests {
     use crate::loopback::{LoopbackConfig, LoopbackFabric, LoopbackTarget};
     use crate::queue::{Fabric, QueueConnectParams, TransportAddress};
 
-    #[test]
-    fn a_transfer_no_keyed_sgl_can_name_gives_its_cid_back() {
-        // An admin queue with one slot, larger than a keyed SGL's 24-bit length can name.
-        let slot = (16 << 20) + 512;
+    /// An admin queue with one command slot of `slot` bytes (and so one CID).
+    fn one_slot_admin(slot: usize) -> AdminQueue<crate::loopback::LoopbackQueue> {
         let target = LoopbackTarget::new(LoopbackConfig::default());
         let queue = LoopbackFabric::new(target)
             .connect(&QueueConnectParams {
@@ -357,18 +376,57 @@ mod tests {
                 in_capsule_data: 0,
             })
             .unwrap();
-        let mut admin = AdminQueue::new(
+        AdminQueue::new(
             queue,
             slot,
             Arc::new(VirtualClock::new()),
             Duration::from_secs(1),
-        );
+        )
+    }
+
+    #[test]
+    fn a_transfer_no_keyed_sgl_can_name_gives_its_cid_back() {
+        // A slot larger than a keyed SGL's 24-bit length can name.
+        let slot = (16 << 20) + 512;
+        let mut admin = one_slot_admin(slot);
+        let data = vec![0u8; 16 << 20];
         let log_page = Sqe::new(nvmf_protocol::AdminOpcode::GetLogPage.raw(), 0, 0);
-        // Twice: had the first kept the only CID, the second would find the queue full.
+        let set_features = Sqe::new(nvmf_protocol::AdminOpcode::SetFeatures.raw(), 0, 0);
+        // Each twice: had the first kept the only CID, the second would find the queue full.
         for _ in 0..2 {
             match admin.execute("Get Log Page", log_page, Transfer::ToHost(16 << 20)) {
                 Err(Error::InvalidArgument(why)) => assert!(why.contains("24-bit"), "{why}"),
                 other => panic!("{other:?}"),
+            }
+            let keyed = Transfer::FromHost(&data, DataPlacement::Keyed);
+            match admin.execute("Set Features", set_features, keyed) {
+                Err(Error::InvalidArgument(why)) => assert!(why.contains("24-bit"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_transfer_larger_than_its_slot_gives_its_cid_back() {
+        let mut admin = one_slot_admin(4096);
+        let data = vec![0u8; 4097];
+        let log_page = Sqe::new(nvmf_protocol::AdminOpcode::GetLogPage.raw(), 0, 0);
+        let set_features = Sqe::new(nvmf_protocol::AdminOpcode::SetFeatures.raw(), 0, 0);
+        for _ in 0..2 {
+            match admin.execute("Get Log Page", log_page, Transfer::ToHost(4097)) {
+                Err(Error::InvalidArgument(why)) => {
+                    assert!(why.contains("4097 bytes > slot 4096"), "{why}")
+                }
+                other => panic!("{other:?}"),
+            }
+            for placement in [DataPlacement::Keyed, DataPlacement::InCapsule] {
+                let transfer = Transfer::FromHost(&data, placement);
+                match admin.execute("Set Features", set_features, transfer) {
+                    Err(Error::InvalidArgument(why)) => {
+                        assert!(why.contains("4097 bytes > slot 4096"), "{why}")
+                    }
+                    other => panic!("{other:?}"),
+                }
             }
         }
     }
