@@ -159,16 +159,8 @@ impl Run {
             let share = ns.blocks / active as u64;
             for q in 0..c.io_queue_count() {
                 let queue = c.take_io_queue(q)?;
-                if queue.depth() < spec.depth {
-                    // The figures would be labelled with a depth they did not run at.
-                    bail!(
-                        "queue depth {} asked per qpair, but the target's I/O queues hold {}: ask at most that",
-                        spec.depth,
-                        queue.depth()
-                    );
-                }
                 if (index as usize) < active {
-                    jobs.push(Job::new(
+                    let job = Job::new(
                         queue,
                         ns,
                         index * share,
@@ -176,7 +168,16 @@ impl Run {
                         spec,
                         (index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                         progress.clone(),
-                    )?);
+                    )?;
+                    if job.depth() < spec.depth {
+                        // The figures would be labelled with a depth they did not run at.
+                        bail!(
+                            "queue depth {} asked per qpair, but the target's I/O queues hold {}: ask at most that",
+                            spec.depth,
+                            job.depth()
+                        );
+                    }
+                    jobs.push(job);
                 } else {
                     idle.push(queue);
                 }

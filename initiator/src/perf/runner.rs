@@ -262,8 +262,8 @@ where
             .map_err(poller_error)?;
         if let Some(p) = poller {
             for (result, queue) in p.jobs.finish() {
-                // After a reconnect the job ran over this queue, at most its depth.
-                ran_depth = ran_depth.min(queue.depth());
+                // After a reconnect the job ran over this queue, at most what it holds.
+                ran_depth = ran_depth.min(queue.depth_for(cfg.spec.io_size));
                 results.push(result);
             }
         }
