@@ -21,7 +21,8 @@
 //!   byte accesses allow, and relaxed accesses need no order among themselves). So on x86_64
 //!   every access to shared memory is byte-sized, and no wider atomic touches it. The blocks are
 //!   not `nomem` / `readonly`: the compiler treats them as reading and writing any memory.
-//! - elsewhere (`portable.rs`): real relaxed atomics whose size at an address depends only on
+//! - elsewhere, and under Miri, which cannot run inline assembly (`scripts/miri.sh`)
+//!   (`portable.rs`): real relaxed atomics whose size at an address depends only on
 //!   the address and the bounds of the region it lies in ([`Region`]), never on the copy: an
 //!   aligned 8-byte word wholly inside the region is one `AtomicU64`, every other byte an
 //!   `AtomicU8`; a partial write of a whole word is a compare-and-swap loop, so the word's
@@ -29,15 +30,15 @@
 
 use crate::error::{Result, TransportError};
 
-#[cfg(any(test, not(target_arch = "x86_64")))]
+#[cfg(any(test, miri, not(target_arch = "x86_64")))]
 mod portable;
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 mod x86_64;
 
 /// The engine this build uses (see the module docs).
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 type Active = x86_64::Asm;
-#[cfg(not(target_arch = "x86_64"))]
+#[cfg(any(miri, not(target_arch = "x86_64")))]
 type Active = portable::Words;
 
 /// A way of copying in and out of shared memory under the module's rule.
@@ -89,14 +90,14 @@ impl Region {
 /// wrote overlap instead of queueing one behind the other.
 #[inline(always)]
 pub(crate) fn prefetch(addr: *const u8) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: PREFETCHT0 (SSE, in every x86_64 CPU) touches no architectural state and does
     // not fault on any address; it is no access in the language's model.
     unsafe {
         use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         _mm_prefetch::<_MM_HINT_T0>(addr.cast());
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(miri, not(target_arch = "x86_64")))]
     let _ = addr;
 }
 
@@ -107,13 +108,13 @@ pub(crate) fn prefetch(addr: *const u8) {
 /// [`prefetch`]: no fault at any address, nothing the program sees.
 #[inline(always)]
 pub(crate) fn prefetch_write(addr: *const u8) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: PREFETCHW (0F 0D /1) touches no architectural state and does not fault on any
     // address; CPUs without it (no 3DNowPrefetch/PRFCHW) execute it as a NOP.
     unsafe {
         core::arch::asm!("prefetchw [{}]", in(reg) addr, options(nostack, preserves_flags, readonly));
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(miri, not(target_arch = "x86_64")))]
     let _ = addr;
 }
 
@@ -284,7 +285,7 @@ mod tests {
                 fn portable() {
                     super::$check::<super::portable::Words>();
                 }
-                #[cfg(target_arch = "x86_64")]
+                #[cfg(all(target_arch = "x86_64", not(miri)))]
                 #[test]
                 fn rep_movsb() {
                     super::$check::<super::x86_64::RepMovsb>();
@@ -469,7 +470,7 @@ mod tests {
             copy_matches_slice_model::<portable::Words>(&fill, shift, from, to, n);
         }
 
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
         #[test]
         fn copy_is_memmove_rep_movsb((fill, from, to, n) in spans(), shift in 0..WORD) {
             copy_matches_slice_model::<x86_64::RepMovsb>(&fill, shift, from, to, n);

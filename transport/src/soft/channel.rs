@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 
@@ -23,12 +23,10 @@ pub(crate) struct EventQueue<T> {
 
 impl<T> EventQueue<T> {
     pub(crate) fn new() -> Result<EventQueue<T>> {
-        let (rx, tx) = UnixStream::pair().map_err(|e| TransportError::Os {
+        let (rx, tx) = nonblocking_pair().map_err(|e| TransportError::Os {
             op: "socketpair",
             source: e,
         })?;
-        rx.set_nonblocking(true)?;
-        tx.set_nonblocking(true)?;
         Ok(EventQueue {
             q: Mutex::new(VecDeque::new()),
             rx,
@@ -58,6 +56,29 @@ impl<T> EventQueue<T> {
         }
         ev
     }
+}
+
+/// A connected Unix socket pair, non-blocking from its creation (`SOCK_NONBLOCK`, rather than
+/// std's pair and a `FIONBIO` ioctl per end afterwards: one call, and one Miri can run).
+fn nonblocking_pair() -> std::io::Result<(UnixStream, UnixStream)> {
+    let mut fds: [libc::c_int; 2] = [-1; 2];
+    // SAFETY: `fds` is a writable array of two ints, as socketpair(2) asks; nothing else is
+    // read or written.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: on success socketpair(2) returned two new open descriptors that nothing else
+    // owns; each becomes owned exactly once here.
+    let (a, b) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    Ok((UnixStream::from(a), UnixStream::from(b)))
 }
 
 /// A completion channel of a soft device: ids of armed CQs that got a completion.

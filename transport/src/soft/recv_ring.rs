@@ -324,7 +324,8 @@ mod tests {
         use std::sync::Arc;
         use std::sync::atomic::AtomicBool;
         const PRODUCERS: u64 = 3;
-        const EACH: u64 = 20_000;
+        // Fewer under Miri, which checks every memory access for races (slowly).
+        const EACH: u64 = if cfg!(miri) { 400 } else { 20_000 };
         let ring = Arc::new(RecvRing::new(64));
         let produced = Arc::new(AtomicBool::new(false));
         let producers: Vec<_> = (0..PRODUCERS)

@@ -214,7 +214,7 @@ impl Net {
         }
     }
 
-    /// Exactly the next `n` completions of `cq` (panics after 10 s).
+    /// Exactly the next `n` completions of `cq` (panics after 20 s).
     pub(crate) fn wait(&self, cq: &SoftCq, n: usize) -> Vec<WorkCompletion> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
