@@ -23,10 +23,7 @@ pub(crate) struct EventQueue<T> {
 
 impl<T> EventQueue<T> {
     pub(crate) fn new() -> Result<EventQueue<T>> {
-        let (rx, tx) = nonblocking_pair().map_err(|e| TransportError::Os {
-            op: "socketpair",
-            source: e,
-        })?;
+        let (rx, tx) = nonblocking_pair()?;
         Ok(EventQueue {
             q: Mutex::new(VecDeque::new()),
             rx,
@@ -60,7 +57,7 @@ impl<T> EventQueue<T> {
 
 /// A connected Unix socket pair, non-blocking from its creation (`SOCK_NONBLOCK`, rather than
 /// std's pair and a `FIONBIO` ioctl per end afterwards: one call, and one Miri can run).
-fn nonblocking_pair() -> std::io::Result<(UnixStream, UnixStream)> {
+fn nonblocking_pair() -> Result<(UnixStream, UnixStream)> {
     let mut fds: [libc::c_int; 2] = [-1; 2];
     // SAFETY: `fds` is a writable array of two ints, as socketpair(2) asks; nothing else is
     // read or written.
@@ -73,7 +70,7 @@ fn nonblocking_pair() -> std::io::Result<(UnixStream, UnixStream)> {
         )
     };
     if rc != 0 {
-        return Err(std::io::Error::last_os_error());
+        return Err(TransportError::last_os("socketpair"));
     }
     // SAFETY: on success socketpair(2) returned two new open descriptors that nothing else
     // owns; each becomes owned exactly once here.
