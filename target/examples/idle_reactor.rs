@@ -7,6 +7,7 @@
 //!
 //! `cargo run --release -p nvmf-target --example idle_reactor -- [seconds] [core] [pin]`
 //! (default 5 s, core 0, unpinned)
+#![forbid(unsafe_code)]
 
 #[allow(dead_code)] // shared with the tests; only part is used here
 #[path = "../tests/rdma/echo.rs"]

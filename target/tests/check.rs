@@ -1,5 +1,6 @@
 //! `nvmf-tgt --check`: every example configuration passes; broken ones print each
 //! FILE:LINE: KEY: MESSAGE and exit 1.
+#![forbid(unsafe_code)]
 
 use std::path::Path;
 use std::process::Command;

@@ -1,5 +1,6 @@
 //! `nvmf-tgt` as a process: SIGUSR1 writes the statistics file, SIGTERM stops it with exit 0
 //! and the file bdev it created is flushed and kept.
+#![forbid(unsafe_code)]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

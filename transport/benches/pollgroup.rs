@@ -10,6 +10,7 @@
 //! allocator) at 1, 64 and 1024 qpairs: the group's share, and with the provider's QP.
 //! Run: `cargo bench -p nvmf-transport --bench pollgroup` (`-- --quick` for a short run).
 //! Figures, not assertions.
+#![forbid(unsafe_code)]
 
 use std::alloc::System;
 use std::time::{Duration, Instant};

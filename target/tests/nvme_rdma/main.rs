@@ -5,6 +5,7 @@
 //! WRITE by the target) with the data verified, Flush, an LBA out of range, Disconnect, and a
 //! wrong rkey (the target's READ fails: the qpair drains and nothing leaks).
 //! The other admin and NVM commands over the fabric are in `commands`.
+#![forbid(unsafe_code)]
 
 mod commands;
 mod daemon;

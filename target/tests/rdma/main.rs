@@ -3,6 +3,7 @@
 //! SRQ; CM and async events reaching the owning reactor as messages; NVMe-oF connect requests
 //! with bad private data rejected with the NVMe-oF status while the acceptor keeps serving.
 //! Every handler callback is checked to have run on its own reactor's thread.
+#![forbid(unsafe_code)]
 
 mod echo;
 mod host;

@@ -3,6 +3,7 @@
 //! LAST_WQE_REACHED leaking nothing, a host that overruns its queue depth disconnected
 //! alone, and lone answers without a completion of their own held, budgeted and flushed. `cargo test --workspace orphan` runs the orphan cases; the verbs cases run on rxe in
 //! the QEMU lab (scripts/interop.sh verbs) and are ignored (reported as skipped) elsewhere.
+#![forbid(unsafe_code)]
 
 mod chains;
 #[path = "../conformance/fixture.rs"]

@@ -8,6 +8,7 @@
 //! Statistics of a running daemon: set `[daemon] stats_file` in the configuration; the daemon
 //! rewrites it (JSON, atomically by rename) every `stats_interval_ms` and on SIGUSR1, and
 //! `cat` reads it. SIGUSR1 also logs the same numbers.
+#![forbid(unsafe_code)]
 
 mod daemon;
 mod stats;

@@ -4,6 +4,7 @@
 //! types and the IPv4 address each carries) and the GID index that serves a given IP.
 //! `pingpong server|client` is the classic RC example: exchange QP info over TCP, SEND/RECV,
 //! RDMA WRITE and RDMA READ with verified contents, then latency percentiles and bandwidth.
+#![forbid(unsafe_code)]
 
 mod devices;
 mod oob;
