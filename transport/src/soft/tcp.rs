@@ -456,8 +456,8 @@ impl TcpPoller {
         }
         let now = Instant::now();
         for ev in events.iter() {
-            let readable =
-                ev.is_readable() || ev.is_read_closed() || ev.is_error() || ev.is_write_closed();
+            let closing = ev.is_read_closed() || ev.is_error() || ev.is_write_closed();
+            let readable = ev.is_readable() || closing;
             let qp = self
                 .qps
                 .lock()
@@ -467,7 +467,10 @@ impl TcpPoller {
             let Some(qp) = qp else { continue };
             let mut g = qp.lock();
             match g.conn.as_mut() {
-                Some(c) if readable => c.readable = true,
+                Some(c) if readable => {
+                    c.readable = true;
+                    c.closing |= closing;
+                }
                 // Write space only (the peer's TCP ACKs free it after every send): progress
                 // has work only if output waits for that space.
                 Some(c) if !c.output_pending() && !c.dead => continue,
@@ -527,6 +530,10 @@ pub(crate) struct Conn {
     /// cleared by a read that drained it. Runs without it (a deferred ACK, an RNR timer, write
     /// space) make no read syscall just to see WouldBlock.
     readable: bool,
+    /// A readiness event said the peer closed its end (or the socket failed): read on to the
+    /// end (0 or an error) even after a short read. The close may have arrived with the last
+    /// data, under the same edge, and no later event would report it.
+    closing: bool,
     /// Requester: re-send from this sequence when the RNR timer expires.
     go_back: Option<u64>,
     dead: bool,
@@ -563,6 +570,7 @@ impl Conn {
             inb: vec![0; INB_START],
             in_len: 0,
             readable: true,
+            closing: false,
             go_back: None,
             dead: false,
             lose_next: false,
@@ -1086,7 +1094,8 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                     }
                     // A short read emptied the socket: what arrives later raises a new
                     // (edge-triggered) readiness event, so no read just to see WouldBlock.
-                    n < room
+                    // Unless the peer closed: then the next read returns the end.
+                    n < room && !conn.closing
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     conn.readable = false;

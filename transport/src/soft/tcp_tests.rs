@@ -81,6 +81,50 @@ fn replacement_connection_keeps_the_sequence() {
     check(&b, &a, &net, 6, 2);
 }
 
+/// The peer's last frames and its close arrive under one readiness event: the QP takes the
+/// frames and then sees the end of the stream (its requests still waiting for an answer fail),
+/// instead of taking the short read for an emptied socket and waiting for an event that never
+/// comes.
+#[test]
+fn close_arriving_with_the_last_frames_ends_the_connection() {
+    let (a, mut b, _) = connected_pair();
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sges: &[b.mr.sge(64, 8)],
+    }])
+    .unwrap();
+    // A request of b's that a (never polled from here) does not answer.
+    b.qp.post_send(&[send_wr(
+        8,
+        SendOp::Send,
+        &[b.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    // Written into a's end as its QP would: the SEND b expects next (a's first was 0).
+    let mut bytes = Vec::new();
+    Hdr {
+        ty: T_SEND,
+        len: 8,
+        seq: 1,
+        ..Hdr::default()
+    }
+    .encode(&mut bytes);
+    bytes.extend_from_slice(&[0xC5; 8]);
+    {
+        let guard = a.qp.sh.lock();
+        let stream = &guard.conn.as_ref().expect("a's connection").stream;
+        (&*stream).write_all(&bytes).unwrap();
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let net = Net::new(&[&b.cq]);
+    let got = net.wait(&b.cq, 2);
+    let status = |wr_id| got.iter().find(|c| c.wr_id == wr_id).map(|c| c.status);
+    assert_eq!(status(7), Some(WcStatus::Success), "{got:?}");
+    assert_eq!(b.mr.read_vec(64..72).unwrap(), [0xC5; 8]);
+    assert_eq!(status(8), Some(WcStatus::RetryExcErr), "{got:?}");
+}
+
 /// Write syscalls `side`'s connection has made.
 fn writes(side: &Side) -> u64 {
     side.qp.sh.lock().conn.as_ref().map_or(0, |c| c.writes)
