@@ -1166,3 +1166,18 @@ impl Drop for SoftCmId {
 #[cfg(test)]
 #[path = "cm_tests.rs"]
 mod tests;
+
+/// The CM's message decoding under a fuzzer (`soft::fuzzing::cm_message`, the
+/// `fuzz_soft_cm_message` target): any bytes decode without panic, and what decodes re-encodes to
+/// a message that decodes the same (nothing half-read).
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzz {
+    use super::Msg;
+
+    pub fn message(body: &[u8]) {
+        if let Some(m) = Msg::decode(body) {
+            let framed = m.encode();
+            assert_eq!(Msg::decode(&framed[4..]).as_ref(), Some(&m), "{body:?}");
+        }
+    }
+}

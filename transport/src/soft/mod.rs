@@ -92,8 +92,20 @@ mod recv_ring;
 mod retire;
 mod srq;
 mod tcp;
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
+// A fuzzing build uses only the part that connects a QP pair.
+#[cfg_attr(not(test), allow(dead_code, unused_macros, unused_imports))]
 mod testutil;
+
+/// Entry points for the cargo-fuzz targets in `fuzz/` (feature `fuzzing`, off in every build the
+/// workspace makes): the soft fabric's handling of bytes a peer sends. Each panics when one of
+/// its rules breaks, which is what libFuzzer reports.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::cm::fuzz::message as cm_message;
+    pub use super::tcp::fuzz::hostile_stream as tcp_stream;
+}
 
 use crate::error::Result;
 use crate::provider::Provider;

@@ -1513,3 +1513,7 @@ fn deliver(qp: &Arc<QpShared>, slow: &mut Slow, conn: &mut Conn, h: &Hdr, payloa
 #[cfg(test)]
 #[path = "tcp_tests.rs"]
 mod tests;
+
+#[cfg(any(test, feature = "fuzzing"))]
+#[path = "tcp_fuzz.rs"]
+pub(crate) mod fuzz;
