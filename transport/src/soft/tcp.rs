@@ -1063,7 +1063,10 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
         // Read what is there, handle complete frames.
         loop {
             if conn.in_len == conn.inb.len() {
-                // The buffer holds one partial frame: grow to fit it, within the frame limit.
+                // The buffer holds one partial frame: grow towards it, within the frame limit,
+                // doubling as its bytes arrive rather than jumping to the length its header
+                // claims, so a peer holds at most about twice what it sent of this side's memory
+                // (a full read-ahead buffer of INB_MAX could otherwise claim MAX_PAYLOAD).
                 let need =
                     Hdr::decode(&conn.inb[..conn.in_len]).map_or(HDR, |h| HDR + h.len as usize);
                 if need > HDR + MAX_PAYLOAD {
@@ -1075,8 +1078,8 @@ pub(crate) fn progress(qp: &Arc<QpShared>, slow: &mut Slow, now: Instant) -> boo
                     conn.dead = true;
                     break;
                 }
-                conn.inb
-                    .resize(need.max((conn.inb.len() * 2).min(INB_MAX)), 0);
+                let grown = (conn.inb.len() * 2).min(need.max(INB_MAX));
+                conn.inb.resize(grown, 0);
             }
             let in_len = conn.in_len;
             let room = conn.inb.len() - in_len;

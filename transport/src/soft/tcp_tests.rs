@@ -125,6 +125,59 @@ fn close_arriving_with_the_last_frames_ends_the_connection() {
     assert_eq!(status(8), Some(WcStatus::RetryExcErr), "{got:?}");
 }
 
+/// A frame header claiming a large payload does not make the reader allocate it: past the
+/// input buffer's read-ahead size (`INB_MAX`) the buffer grows by doubling as the bytes arrive,
+/// so a peer that sent a header and 300 KiB holds at most twice that of the reader's memory, not
+/// the 64 MiB it claimed.
+#[test]
+fn a_claimed_length_allocates_only_what_arrived() {
+    let (a, b, _) = connected_pair();
+    let mut bytes = Vec::new();
+    Hdr {
+        ty: T_WRITE,
+        len: 64 << 20,
+        seq: 1,
+        ..Hdr::default()
+    }
+    .encode(&mut bytes);
+    bytes.resize(HDR + 300 * 1024, 0x3C);
+    let net = Net::new(&[&b.cq]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut written = 0;
+    let held = loop {
+        if written < bytes.len() {
+            let guard = a.qp.sh.lock();
+            let stream = &guard.conn.as_ref().expect("a's connection").stream;
+            match (&*stream).write(&bytes[written..]) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => panic!("writing a's end: {e}"),
+            }
+        }
+        net.pump();
+        let guard = b.qp.sh.lock();
+        let conn = guard.conn.as_ref().expect("b's connection");
+        if conn.in_len == bytes.len() {
+            break conn.inb.len();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "b read {} of {} bytes",
+            conn.in_len,
+            bytes.len()
+        );
+        drop(guard);
+        std::thread::yield_now();
+    };
+    assert!(
+        held <= 2 * bytes.len(),
+        "input buffer {held} bytes for {} received",
+        bytes.len()
+    );
+    // The frame stays partial: nothing was delivered and the QP waits for the rest.
+    assert_eq!(b.qp.state(), QpState::Rts);
+}
+
 /// Write syscalls `side`'s connection has made.
 fn writes(side: &Side) -> u64 {
     side.qp.sh.lock().conn.as_ref().map_or(0, |c| c.writes)
