@@ -12,6 +12,8 @@
 //!   channels and in-flight I/O.
 //! - `xfer.rs`: the data plan of a command from its SGL.
 //! - `counters.rs`, `status.rs`: counters, status codes by name.
+//! - `fuzzing.rs`: this interface driven by a fuzzer's capsule sequences, with the rules it
+//!   checks (feature `fuzzing`, and the unit tests).
 //!
 //! # The execution interface (what the transport glue calls)
 //!
@@ -58,6 +60,11 @@ pub mod xfer;
 
 #[cfg(test)]
 mod tests;
+
+/// The command path under a fuzzer: see the module's own doc.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 
 pub use controller::{AERL, Controller, ERROR_LOG_ENTRIES, cap};
 pub use counters::{IoCounters, IoSnapshot};
