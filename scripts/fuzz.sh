@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target in fuzz/ (the protocol crate's parsers of untrusted bytes, the
-# target's command path, and the soft provider's: its CM messages and TCP frames) for NVMF_FUZZ_SECONDS each (default 60),
-# installing cargo-fuzz first when it is missing. The project builds on stable Rust; cargo-fuzz's
-# nightly flags are accepted with RUSTC_BOOTSTRAP=1.
+# target's command path, the host against a hostile target, and the soft provider's wire: its CM
+# messages and TCP frames) for NVMF_FUZZ_SECONDS each (default 60), installing cargo-fuzz first
+# when it is missing. The project builds on stable Rust; cargo-fuzz's nightly flags are accepted
+# with RUSTC_BOOTSTRAP=1.
 # Prints one line per target (inputs run, or the crash file libFuzzer wrote) and exits non-zero
 # when any target found something. Logs: build/fuzz/TARGET.log.
 #
@@ -31,8 +32,8 @@ if [ -n "${NVMF_FUZZ_ONLY:-}" ]; then
   done
   targets=$NVMF_FUZZ_ONLY
 fi
-# The protocol's and the command path's targets run without a sanitizer (what they reach forbids
-# unsafe); the soft provider's reach the transport crate's unsafe (its copies into registered
+# The protocol's, the command path's and the host's targets run without a sanitizer (what they
+# reach forbids unsafe); the soft provider's reach the transport crate's unsafe (its copies into registered
 # memory), so they run under the address sanitizer, built in a directory of their own so neither
 # build undoes the other.
 flags_of() {

@@ -526,3 +526,8 @@ impl<F: Fabric> Controller<F> {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+/// The host under a hostile target's answers: see the module's own doc.
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
