@@ -225,6 +225,17 @@ impl Default for Cc {
 }
 
 impl Cc {
+    /// What a host writes to enable a controller for the NVM command set: EN with 64-byte
+    /// submission and 16-byte completion queue entries (IOSQES 6, IOCQES 4), as Linux does.
+    pub const fn enabled_nvm() -> Self {
+        Self {
+            en: true,
+            iosqes: 6,
+            iocqes: 4,
+            ..Self::from_u32(0)
+        }
+    }
+
     /// Register value.
     pub const fn to_u32(&self) -> u32 {
         use crate::bytes::{flag32, put32};
@@ -364,6 +375,7 @@ mod tests {
         };
         assert_eq!(cc.to_u32(), 0x0046_0001);
         assert_eq!(Cc::from_u32(0x0046_0001), cc);
+        assert_eq!(Cc::enabled_nvm(), cc);
         let shn = Cc {
             shn: ShutdownNotification::Normal,
             css: 7,

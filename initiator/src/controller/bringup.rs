@@ -197,12 +197,7 @@ pub(crate) fn bring_up_admin<F: Fabric>(
     let cntlid = fabrics_connect(&mut admin, o, 0, CNTLID_DYNAMIC, o.connect_data)?;
     let cap = Cap::from_u64(property_get(&mut admin, PropertyOffset::Cap)?);
     let vs = Vs::from_u32(property_get(&mut admin, PropertyOffset::Vs)? as u32);
-    let cc = Cc {
-        en: true,
-        iosqes: 6,
-        iocqes: 4,
-        ..Cc::default()
-    };
+    let cc = Cc::enabled_nvm();
     property_set(&mut admin, PropertyOffset::Cc, cc.to_u32())?;
     let timeout = Duration::from_millis(u64::from(cap.timeout_ms()).max(500));
     wait_csts(&mut admin, clock, timeout, "CSTS.RDY", |c| c.rdy)?;

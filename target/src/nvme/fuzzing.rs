@@ -150,6 +150,33 @@ fn steer(control: u8, sqe: &mut Sqe, payload_len: usize) {
     }
 }
 
+/// Executes `sqe` on `queue` and polls `io` until it is answered: one command at a time, as the
+/// bring-up here and the unit tests' host drive it.
+pub(crate) fn execute_and_wait(
+    queue: &mut Queue,
+    io: &mut ReactorIo,
+    sqe: &Sqe,
+    data: &mut [u8],
+    tag: u64,
+    now: Instant,
+) -> Cqe {
+    let mut segments = [data];
+    let mut buf = IoBuf::new(&mut segments);
+    match queue.execute(io, sqe, &mut buf, tag, || now) {
+        Exec::Done(c) => c,
+        Exec::Pending => loop {
+            let mut got = None;
+            io.poll(&mut |t, c| {
+                assert_eq!(t, tag, "an answer under another command's tag");
+                got = Some(c);
+            });
+            if let Some(c) = got {
+                return c;
+            }
+        },
+    }
+}
+
 /// A command not answered yet.
 struct Outstanding {
     sqe: Sqe,
@@ -237,12 +264,7 @@ impl Run {
     fn bring_up(&mut self) {
         let admin = self.connect(0, 0, CNTLID_DYNAMIC);
         let cntlid = admin.dw0 as u16;
-        let cc = Cc {
-            en: true,
-            iosqes: 6,
-            iocqes: 4,
-            ..Cc::default()
-        };
+        let cc = Cc::enabled_nvm();
         let set = PropertySetCmd {
             cid: 0,
             size: PropertySize::Four,
@@ -282,21 +304,14 @@ impl Run {
     /// Bring-up only: execute and poll until answered.
     fn answer(&mut self, slot: usize, sqe: Sqe, data: &mut [u8]) -> Cqe {
         let tag = self.tag();
-        let mut segments = [data];
-        let mut buf = IoBuf::new(&mut segments);
-        match self.queues[slot].execute(&mut self.io, &sqe, &mut buf, tag, || self.now) {
-            Exec::Done(c) => c,
-            Exec::Pending => loop {
-                let mut got = None;
-                self.io.poll(&mut |t, c| {
-                    assert_eq!(t, tag);
-                    got = Some(c);
-                });
-                if let Some(c) = got {
-                    return c;
-                }
-            },
-        }
+        execute_and_wait(
+            &mut self.queues[slot],
+            &mut self.io,
+            &sqe,
+            data,
+            tag,
+            self.now,
+        )
     }
 
     fn tag(&mut self) -> u64 {

@@ -96,24 +96,9 @@ impl Host {
         sqe.cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         let tag = u64::from(sqe.cid) + 1000;
-        let mut segs = [data];
-        let mut buf = IoBuf::new(&mut segs);
-        match q.execute(&mut self.io, &sqe, &mut buf, tag, || self.now) {
-            Exec::Done(cqe) => {
-                assert_eq!(cqe.cid, sqe.cid);
-                cqe
-            }
-            Exec::Pending => loop {
-                let mut got = None;
-                self.io.poll(&mut |t, c| {
-                    assert_eq!(t, tag);
-                    got = Some(c);
-                });
-                if let Some(c) = got {
-                    return c;
-                }
-            },
-        }
+        let cqe = super::fuzzing::execute_and_wait(q, &mut self.io, &sqe, data, tag, self.now);
+        assert_eq!(cqe.cid, sqe.cid);
+        cqe
     }
 
     fn connect(
@@ -186,12 +171,7 @@ impl Host {
         let mut q = self.queue();
         let c = self.connect(&mut q, 0, 31, CNTLID_DYNAMIC, SUBNQN, HOST);
         assert!(c.status.is_success(), "{c:?}");
-        let cc = Cc {
-            en: true,
-            iosqes: 6,
-            iocqes: 4,
-            ..Cc::default()
-        };
+        let cc = Cc::enabled_nvm();
         assert!(
             self.prop_set(&mut q, PropertyOffset::Cc, u64::from(cc.to_u32()))
                 .status
@@ -539,11 +519,8 @@ fn bring_up_identify_features_and_io() {
     assert!(h.exec(&mut q, disc, &mut []).status.is_success());
     assert!(q.should_disconnect());
     let cc = Cc {
-        en: true,
-        iosqes: 6,
-        iocqes: 4,
         shn: ShutdownNotification::Normal,
-        ..Cc::default()
+        ..Cc::enabled_nvm()
     };
     assert!(
         h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()))
@@ -1167,11 +1144,8 @@ fn file_namespace_completes_by_polling() {
     assert_eq!(q.counters().snapshot().in_flight, 0);
     // Shutdown flushes the file (volatile cache): Occurring until the flush is reaped.
     let cc = Cc {
-        en: true,
-        iosqes: 6,
-        iocqes: 4,
         shn: ShutdownNotification::Normal,
-        ..Cc::default()
+        ..Cc::enabled_nvm()
     };
     assert!(
         h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()))

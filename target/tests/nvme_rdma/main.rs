@@ -320,12 +320,7 @@ pub(crate) fn connect_sized(
 
 /// Sets CC.EN and checks CSTS.RDY.
 pub(crate) fn enable(admin: &mut HostQueue) {
-    let cc = Cc {
-        en: true,
-        iosqes: 6,
-        iocqes: 4,
-        ..Cc::default()
-    };
+    let cc = Cc::enabled_nvm();
     let set = PropertySetCmd {
         cid: 0,
         size: PropertySize::Four,
@@ -825,9 +820,7 @@ fn property(admin: &mut HostQueue, offset: PropertyOffset) -> u32 {
 fn set_cc_en(en: bool) -> Sqe {
     let cc = Cc {
         en,
-        iosqes: 6,
-        iocqes: 4,
-        ..Cc::default()
+        ..Cc::enabled_nvm()
     };
     PropertySetCmd {
         cid: 0,
