@@ -13,6 +13,9 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -D warnings"
 cargo clippy --workspace --all-targets -q -- -D warnings
+step "cargo clippy of the fuzzing entry points (features no workspace build turns on; fuzz/ calls them)"
+cargo clippy -q -p nvmf-transport -p nvmf-target -p nvmf-initiator \
+  --features nvmf-transport/fuzzing,nvmf-target/fuzzing,nvmf-initiator/fuzzing -- -D warnings
 step "cargo test --workspace"
 mkdir -p build
 cargo test --workspace 2>&1 | tee build/test-output.log
