@@ -54,11 +54,11 @@ for t in $targets; do
   # shellcheck disable=SC2046
   if cargo fuzz run $(flags_of "$t") "$t" -- -max_total_time="$SECS" -rss_limit_mb=4096 >"$log" 2>&1; then
     runs=$(grep -o 'Done [0-9]* runs' "$log" | awk '{print $2}' | tail -1)
-    printf '%-22s ok     %s inputs in %s s\n' "$t" "${runs:-?}" "$SECS"
+    printf '%-26s ok     %s inputs in %s s\n' "$t" "${runs:-?}" "$SECS"
   else
     found=1
     crash=$(grep -o 'artifact_prefix=[^;]*; Test unit written to [^ ]*' "$log" | sed 's/.*written to //' | tail -1)
-    printf '%-22s FOUND  %s (log %s)\n' "$t" "${crash:-see the log}" "$log"
+    printf '%-26s FOUND  %s (log %s)\n' "$t" "${crash:-see the log}" "$log"
   fi
 done
 exit $found

@@ -19,12 +19,13 @@
 //! - Go-back-N: after an RNR NAK the responder drops every request until the NAK'd one comes
 //!   back; the requester re-sends from it when the RNR timer expires.
 //! - Progress: every CQ owns a mio `Poll`; the sockets of the QPs attached to it are registered
-//!   (edge-triggered, read until WouldBlock). Polling the CQ polls epoll with a zero timeout and
+//!   (edge-triggered). Polling the CQ polls epoll with a zero timeout and
 //!   runs the ready QPs only, so thousands of idle QPs cost nothing. Writes are non-blocking
 //!   with a per-connection output buffer, flushed on writable readiness.
 //! - Syscalls are per batch, not per frame: a `post_send` list is written with one write at its
-//!   end, a progress run reads until a short read (edge-triggered epoll reports later data) and
-//!   writes once, a responder sends one cumulative ACK per batch of requests it read, runs
+//!   end, a progress run reads until a short read (edge-triggered epoll reports later data; once
+//!   an event said the peer closed, until the end of the stream, which may have come with the
+//!   last data) and writes once, a responder sends one cumulative ACK per batch of requests it read, runs
 //!   without a readiness event read nothing, and write-space events run nothing unless output
 //!   waits.
 //! - A pure ACK rides on the next frame out: the run that read the requests holds it (when
