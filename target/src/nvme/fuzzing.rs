@@ -380,12 +380,21 @@ impl Run {
             }
         }
         self.poll();
-        for (slot, lba, blocks) in std::mem::take(&mut self.verify) {
-            self.read_back(slot, lba, blocks);
+        // The glue asks every queue after each command (and on a timer): a Disconnect, or a
+        // controller torn down (its admin queue disconnected, keep-alive expired), ends the
+        // qpair; a new connection would take its place. Blocks changed through a queue that
+        // ended are not read back through it.
+        let mut ended = [false; 4];
+        for (i, q) in self.queues.iter_mut().enumerate() {
+            if q.should_disconnect() {
+                ended[i] = true;
+                *q = Queue::new(self.target.clone(), &mut self.io, listener(), 128);
+            }
         }
-        if self.queues[slot].should_disconnect() {
-            // The glue disconnects the qpair; a new connection would take its place.
-            self.queues[slot] = Queue::new(self.target.clone(), &mut self.io, listener(), 128);
+        for (slot, lba, blocks) in std::mem::take(&mut self.verify) {
+            if !ended[slot] {
+                self.read_back(slot, lba, blocks);
+            }
         }
     }
 
@@ -564,6 +573,27 @@ mod tests {
     }
 
     const STEER: u8 = 1 | NSID_STEERED | RANGE_STEERED | SGL_STEERED;
+
+    /// A Disconnect on the admin queue tears the controller down: its I/O queues end with it
+    /// (the glue asks every queue after each command), so a later write on one is refused, and
+    /// blocks are read back only through queues that still stand.
+    #[test]
+    fn an_admin_disconnect_ends_the_io_queues_too() {
+        let disconnect = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 5);
+        let mut data = record(0, &disconnect, &[]);
+        data.extend(record(STEER, &rw(OP_WRITE, 0, 4), &[]));
+        commands(&data);
+        let mut run = Run::new();
+        run.command(0, disconnect, &[]);
+        let mut write = rw(OP_WRITE, 0, 4);
+        steer(STEER, &mut write, 0);
+        run.command(1, write, &pattern(write.cid));
+        run.finish();
+        assert!(
+            run.shadow.iter().all(|&b| b == 0),
+            "a write on an ended queue landed"
+        );
+    }
 
     #[test]
     fn nothing_and_garbage_keep_the_rules() {
