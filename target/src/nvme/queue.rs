@@ -197,8 +197,11 @@ impl Queue {
                 epoch,
                 ..
             } => {
-                if qid != 0 && controller.epoch() != epoch {
-                    // Its controller was reset: this queue is on its way out.
+                if qid != 0 && (controller.epoch() != epoch || controller.is_defunct()) {
+                    // Its controller was reset or torn down (keep-alive expiry, admin queue
+                    // gone): this queue is on its way out, and nothing more of the association
+                    // executes (a host that failed over to another path must not see a late
+                    // write from this one land after its own).
                     Exec::Done(self.error(sqe, ABORTED_SQ_DELETION))
                 } else if sqe.is_fabrics() {
                     self.fabrics(io, &controller, qid, sqe)

@@ -965,6 +965,51 @@ fn keep_alive_expiry_tears_the_controller_down() {
     );
 }
 
+/// Once the controller is torn down, a command still reaching one of its I/O queues (before
+/// the transport has disconnected that qpair) is answered Aborted - SQ Deletion and not
+/// executed: the write leaves the blocks as they were.
+#[test]
+fn a_torn_down_controller_executes_nothing_more() {
+    for teardown in ["keep-alive expiry", "admin queue disconnect"] {
+        let mut h = Host::new(target(true));
+        let (mut aq, cntlid) = h.admin();
+        let mut q = h.io_queue(1, cntlid);
+        match teardown {
+            "keep-alive expiry" => {
+                let late = h.now + Duration::from_secs(60);
+                assert_eq!(h.target.reap_expired(late), vec![cntlid]);
+            }
+            _ => {
+                let disconnect = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);
+                assert!(h.exec(&mut aq, disconnect, &mut []).status.is_success());
+            }
+        }
+        let mut data = vec![0x77u8; 512];
+        let c = h.exec(&mut q, rw(0x01, 1, 0, 1), &mut data);
+        assert_eq!(
+            generic(&c),
+            Some(GenericStatus::AbortedSqDeletion),
+            "{teardown}"
+        );
+        let c = h.exec(&mut q, rw(0x02, 1, 0, 1), &mut data);
+        assert_eq!(
+            generic(&c),
+            Some(GenericStatus::AbortedSqDeletion),
+            "{teardown}"
+        );
+        // The blocks, through a new association: untouched.
+        let (_admin, cntlid) = h.admin();
+        let mut q = h.io_queue(1, cntlid);
+        let mut back = vec![0xFFu8; 512];
+        assert!(
+            h.exec(&mut q, rw(0x02, 1, 0, 1), &mut back)
+                .status
+                .is_success()
+        );
+        assert_eq!(back, [0u8; 512], "{teardown}");
+    }
+}
+
 #[test]
 fn admin_disconnect_frees_the_controller() {
     let mut h = Host::new(target(true));
