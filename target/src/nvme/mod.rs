@@ -41,7 +41,8 @@
 //! 4. `q.should_disconnect()` after each command and on a timer: true after a Disconnect
 //!    command, or when the controller was torn down (keep-alive expiry, admin queue gone);
 //!    the transport then disconnects the qpair and drops `q` (which unregisters it), after its
-//!    pending I/O completed or was reaped.
+//!    pending I/O completed or was reaped. Commands reaching an I/O queue of a reset or torn-down
+//!    controller meanwhile are answered Aborted - SQ Deletion, not executed.
 //!
 //! A reactor timer calls `target.reap_expired(now)` (keep-alive).
 //!
