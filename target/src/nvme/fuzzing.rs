@@ -45,9 +45,7 @@ use nvmf_protocol::properties::{Cc, PropertyOffset};
 use nvmf_protocol::{Cqe, FixedStr, SglDescriptor, Sqe};
 
 use super::xfer::{self, MAX_KEYED, NO_KEYED, Placement};
-use super::{
-    Direction, Exec, Limits, Namespace, Queue, ReactorIo, Subsystem, Target, data_direction,
-};
+use super::{Direction, Exec, Limits, Queue, ReactorIo, Subsystem, Target, data_direction};
 use crate::bdev::{IoBuf, MallocBdev, NullBdev};
 
 const SUBNQN: &str = "nqn.2016-06.io.nvmf-rs:fuzz";
@@ -218,8 +216,8 @@ impl Run {
             MallocBdev::new("m0", MALLOC_BLOCK as u32, MALLOC_BLOCKS * 512).expect("malloc bdev");
         let null = NullBdev::new("n0", NULL_BLOCK, NULL_BLOCKS * u64::from(NULL_BLOCK))
             .expect("null bdev");
-        let m = target.add_bdev("m0", Arc::new(malloc));
-        let n = target.add_bdev("n0", Arc::new(null));
+        target.add_bdev("m0", Arc::new(malloc));
+        target.add_bdev("n0", Arc::new(null));
         let sub = Arc::new(Subsystem::new(
             SUBNQN,
             "FUZZ",
@@ -229,19 +227,10 @@ impl Run {
             16,
             vec![listener()],
         ));
-        for (nsid, index) in [(1, m), (2, n)] {
-            let bdev = target.bdev(index).expect("bdev just added");
-            sub.add_namespace(Namespace {
-                nsid,
-                bdev_index: index,
-                info: bdev.info().clone(),
-                bdev,
-                uuid: None,
-                nguid: None,
-            })
-            .expect("namespace");
-        }
         target.add_subsystem(sub);
+        for (nsid, bdev) in [(1, "m0"), (2, "n0")] {
+            target.add_namespace(SUBNQN, nsid, bdev).expect("namespace");
+        }
         let target = Arc::new(target);
         let mut io = ReactorIo::new(target.clone());
         let queues = std::array::from_fn(|_| Queue::new(target.clone(), &mut io, listener(), 128));
