@@ -31,6 +31,12 @@ impl<T> EventQueue<T> {
         })
     }
 
+    /// Events queued, not read yet.
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> usize {
+        self.q.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     pub(crate) fn fd(&self) -> RawFd {
         self.rx.as_raw_fd()
     }

@@ -260,7 +260,9 @@ struct IdState {
 }
 
 pub(crate) struct IdInner {
-    chan: Arc<EventQueue<RawEvent>>,
+    /// The channel its events go to. Weak: a queued event holds its id, so a strong link back
+    /// would keep a channel its user dropped with events unread (and its socket pair) alive.
+    chan: Weak<EventQueue<RawEvent>>,
     token: AtomicU64,
     closed: AtomicBool,
     st: Mutex<IdState>,
@@ -275,7 +277,7 @@ struct RawEvent {
 impl IdInner {
     fn new(chan: &Arc<EventQueue<RawEvent>>, token: u64, state: State) -> Arc<IdInner> {
         let id = Arc::new(IdInner {
-            chan: chan.clone(),
+            chan: Arc::downgrade(chan),
             token: AtomicU64::new(token),
             closed: AtomicBool::new(false),
             st: Mutex::new(IdState {
@@ -304,11 +306,15 @@ impl IdInner {
 
     fn event(self: &Arc<Self>, kind: CmEventKind, new_id: Option<Arc<IdInner>>) {
         tracing::debug!(?kind, "soft CM event");
-        self.chan.push(RawEvent {
-            token_of: self.clone(),
-            kind,
-            new_id,
-        });
+        // A channel nobody holds any more: nobody can read the event (rdma_cm delivers nothing
+        // to a destroyed channel either).
+        if let Some(chan) = self.chan.upgrade() {
+            chan.push(RawEvent {
+                token_of: self.clone(),
+                kind,
+                new_id,
+            });
+        }
     }
 }
 
@@ -511,9 +517,11 @@ fn incoming_req(
         .gid
         .to_ipv4()
         .map_or(remote, |ip| SocketAddr::new(IpAddr::V4(ip), remote.port()));
-    let dev = {
+    let (dev, chan) = {
         let mut st = listener.st();
-        if st.state != State::Listening || listener.closed.load(Ordering::Acquire) {
+        let chan = listener.chan.upgrade();
+        let open = st.state == State::Listening && !listener.closed.load(Ordering::Acquire);
+        let Some(chan) = chan.filter(|_| open) else {
             drop(st);
             send(
                 &link,
@@ -523,7 +531,7 @@ fn incoming_req(
                 },
             );
             return None;
-        }
+        };
         if st.pending >= st.backlog.max(1) {
             drop(st);
             tracing::debug!(%local, "soft CM: backlog full, connection refused");
@@ -537,9 +545,9 @@ fn incoming_req(
             return None;
         }
         st.pending += 1;
-        st.dev.clone()
+        (st.dev.clone(), chan)
     };
-    let id = IdInner::new(&listener.chan, 0, State::ReqReceived);
+    let id = IdInner::new(&chan, 0, State::ReqReceived);
     {
         let mut st = id.st();
         st.dev = device_for_ip(local.ip()).or(dev);

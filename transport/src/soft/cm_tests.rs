@@ -13,7 +13,8 @@ both_fabrics!(
     reject_and_limits,
     no_listener,
     backlog,
-    device_removal
+    device_removal,
+    unread_events_free_their_channel
 );
 
 /// The next CM event on `ch`, pumping `net` meanwhile (TCP progress).
@@ -169,6 +170,47 @@ fn connect_accept_disconnect(f: SoftFabric) {
     assert!(
         cid.connect(&param(&[0; MAX_CONNECT_PRIVATE_DATA + 1], 7))
             .is_err()
+    );
+}
+
+/// A channel its user drops with events unread (a host that disconnected and went without
+/// reading its DISCONNECTED) is freed with its socket pair: the queued events hold their ids,
+/// which must not hold the channel.
+fn unread_events_free_their_channel(f: SoftFabric) {
+    let (_sdev, sch, _l, addr) = listen(f, 8);
+    let cdev = device(f, true);
+    let cch = Soft::create_cm_channel().unwrap();
+    let src = SocketAddr::new(IpAddr::V4(cdev.ip()), 0);
+    let mut cid = cch.resolve(addr, Some(src), DEFAULT_CM_TIMEOUT, 5).unwrap();
+    let cctx = cid.context().unwrap();
+    let cpd = cctx.alloc_pd().unwrap();
+    let ccq = cctx.create_cq(64, None).unwrap();
+    let cqp = cid.create_qp(&cpd, &qp_init(&ccq)).unwrap();
+    cid.connect(&param(&[], 7)).unwrap();
+    let mut sid = next(&sch, None).id.unwrap();
+    let sctx = sid.context().unwrap();
+    let spd = sctx.alloc_pd().unwrap();
+    let scq = sctx.create_cq(64, None).unwrap();
+    let _sqp = sid.create_qp(&spd, &qp_init(&scq)).unwrap();
+    sid.accept(&param(&[], 7)).unwrap();
+    let net = Net::new(&[&ccq, &scq]);
+    assert!(matches!(
+        next(&cch, Some(&net)).kind,
+        CmEventKind::Established { .. }
+    ));
+    cid.disconnect().unwrap();
+    // DISCONNECTED and TIMEWAIT_EXIT queue on the client's channel; nobody reads them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cch.inner.queued() < 2 {
+        net.pump();
+        assert!(Instant::now() < deadline, "the client's events never came");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let queue = std::sync::Arc::downgrade(&cch.inner);
+    drop((cqp, cid, cch));
+    assert!(
+        queue.upgrade().is_none(),
+        "the channel outlived its user, held by its own unread events"
     );
 }
 
