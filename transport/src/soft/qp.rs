@@ -166,8 +166,9 @@ impl SqEntry {
 
 /// What `admit` made of a posted WR.
 enum Admitted {
-    /// The QP is in ERR: the WR completed flushed.
-    Flushed,
+    /// The QP is in ERR: the WR is to complete flushed, after any send the QP still holds
+    /// (`QpShared::flush_after_held`).
+    InError { seq: u64 },
     /// To execute or queue, with its send-queue sequence.
     Queued { seq: u64, signaled: bool },
 }
@@ -570,6 +571,14 @@ impl QpShared {
         }
     }
 
+    /// A WR posted in ERR (send-queue number `seq`) completes flushed after every send the QP
+    /// still holds: RC completes in post order into ERR too, and a QP moved to ERR by a thread
+    /// that found its lock taken leaves its stalled sends' flush to the next progress.
+    fn flush_after_held(&self, slow: &mut Slow, seq: u64, wr: &SendWr<'_>) {
+        self.flush_sq(slow);
+        self.complete_send(seq, wr.wr_id, &wr.op, WcStatus::WrFlushErr, 0, true);
+    }
+
     /// Flush every send the device still holds (in order).
     pub(crate) fn flush_sq(&self, slow: &mut Slow) {
         while let Some(e) = slow.sq.pop_front() {
@@ -965,7 +974,7 @@ impl SoftQp {
                     });
                     break;
                 }
-                Ok(Admitted::Flushed) => {}
+                Ok(Admitted::InError { seq }) => sh.flush_after_held(&mut g, seq, wr),
                 Ok(Admitted::Queued { seq, signaled }) => {
                     match sh.entry_from(&mut g, seq, wr, signaled) {
                         Ok(e) => tcp::post(sh, &mut g, e),
@@ -1173,8 +1182,7 @@ impl SoftQp {
         *next_seq += 1;
         let signaled = sh.sig_all || wr.flags.contains(SendFlags::SIGNALED);
         if st == QpState::Err {
-            sh.complete_send(seq, wr.wr_id, &wr.op, WcStatus::WrFlushErr, 0, true);
-            return Ok(Admitted::Flushed);
+            return Ok(Admitted::InError { seq });
         }
         Ok(Admitted::Queued { seq, signaled })
     }
@@ -1188,7 +1196,16 @@ impl SoftQp {
         last: bool,
     ) -> Result<()> {
         let (seq, signaled) = match Self::admit(sh, next_seq, wr)? {
-            Admitted::Flushed => return Ok(()),
+            Admitted::InError { seq } => {
+                // Only a QP with stalled sends holds any (their flush may be a progress away).
+                if sh.stalled.load(Ordering::Acquire) {
+                    scope.release();
+                    sh.flush_after_held(&mut sh.lock(), seq, wr);
+                } else {
+                    sh.complete_send(seq, wr.wr_id, &wr.op, WcStatus::WrFlushErr, 0, true);
+                }
+                return Ok(());
+            }
             Admitted::Queued { seq, signaled } => (seq, signaled),
         };
         if sh.stalled.load(Ordering::Acquire) {

@@ -1420,3 +1420,41 @@ fn a_completion_polled_after_a_reset_frees_nothing_of_the_new_queue() {
         "{refused:?}"
     );
 }
+
+/// RC completes a send queue in order, also into ERR: a WR posted after the QP entered ERR
+/// completes after the sends still stalled on it, even when the thread that moved it to ERR
+/// found its lock taken and left their flush to the next progress (a peer's delivery failing
+/// moves a QP to ERR that way, from the peer's thread). The target's drain marker relies on
+/// it: its completion says every WR posted before it is done.
+#[test]
+fn a_send_posted_in_err_completes_after_the_stalled_ones() {
+    let o = Opts {
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        ..Opts::default()
+    };
+    let (mut a, b) = pair(SoftFabric::InProcess, &o);
+    // No receive at b: the SEND stalls (RNR, for ever).
+    a.qp.post_send(&[send_wr(
+        1,
+        SendOp::Send,
+        &[a.mr.sge(0, 8)],
+        SendFlags::SIGNALED,
+    )])
+    .unwrap();
+    let net = Net::new(&[&a.cq, &b.cq]);
+    assert!(net.settle(&a.cq, Duration::from_millis(20)).is_empty());
+    {
+        // Another thread holds the QP's lock (its progress) while the QP enters ERR.
+        let _busy = a.qp.sh.lock();
+        a.qp.sh.enter_err(false);
+    }
+    a.qp.post_send(&[send_wr(2, SendOp::Send, &[], SendFlags::SIGNALED)])
+        .unwrap();
+    let c = net.wait(&a.cq, 2);
+    assert_eq!(
+        [(c[0].wr_id, c[0].status), (c[1].wr_id, c[1].status)],
+        [(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)],
+        "completions out of post order"
+    );
+}
