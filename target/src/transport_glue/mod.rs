@@ -6,8 +6,12 @@
 //! - `command.rs`: [`Command`], one request's state and its life ([`CommandState`]).
 //! - `handler.rs`: [`NvmeHandler`], the per-group handler (queues, block I/O, responses).
 //! - `sges.rs`: the SGEs of one keyed descriptor's share of a transfer.
+//! - `fuzzing.rs`: the whole request path, transport included, driven by a hostile host, with
+//!   the rules it checks (feature `fuzzing`, and the unit tests).
 
 mod command;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod handler;
 mod sges;
 
