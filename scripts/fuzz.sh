@@ -52,8 +52,15 @@ done
 found=0
 for t in $targets; do
   log="$LOGS/$t.log"
+  # A target with seed inputs (fuzz/seeds/TARGET, kept current by its harness's unit test)
+  # starts from them as well as from its own corpus.
+  corpora=()
+  if [ -d "seeds/$t" ]; then
+    mkdir -p "corpus/$t"
+    corpora=("corpus/$t" "seeds/$t")
+  fi
   # shellcheck disable=SC2046
-  if cargo fuzz run $(flags_of "$t") "$t" -- -max_total_time="$SECS" -rss_limit_mb=4096 >"$log" 2>&1; then
+  if cargo fuzz run $(flags_of "$t") "$t" "${corpora[@]}" -- -max_total_time="$SECS" -rss_limit_mb=4096 >"$log" 2>&1; then
     runs=$(grep -o 'Done [0-9]* runs' "$log" | awk '{print $2}' | tail -1)
     printf '%-26s ok     %s inputs in %s s\n' "$t" "${runs:-?}" "$SECS"
   else
