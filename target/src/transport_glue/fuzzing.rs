@@ -18,6 +18,9 @@
 //!   has not had answered yet;
 //! - every command is answered while its connection stands and the host keeps receives posted
 //!   for it (an Asynchronous Event Request on an admin queue may stay pending);
+//! - a Read of the null namespace answered with success left zeroes where its blocks go in the
+//!   host's memory (checked when it was its queue's only command in flight: a data buffer still
+//!   holding another command's bytes, or a success without the data moved, shows here);
 //! - after the host tears every connection down, the target returns to where it started: no
 //!   qpairs, controllers, NVMe queues, requests, held or queued receive slots, pending block I/O;
 //!   every data buffer free; no placement counted; and none of the counters that are bugs if
@@ -116,6 +119,10 @@ const RECV_WR: u64 = 0x100;
 const SEND_WR: u64 = 1;
 
 const AER_OPCODE: u8 = 0x0C;
+const READ_OPCODE: u8 = 0x02;
+/// The null namespace and its block size (reads return zeroes).
+const NULL_NSID: u32 = 2;
+const NULL_BLOCK: usize = 4096;
 /// The group sizes (see the module doc).
 const SRQ_DEPTH: u32 = 64;
 const MAX_REQUESTS: u32 = 48;
@@ -256,7 +263,7 @@ impl Rig {
         let addrs = [1u8, 2].map(|n| SocketAddr::from((Ipv4Addr::new(127, 0, 77, n), 4420)));
         let mut target = Target::new(Limits::default(), addrs.to_vec());
         let malloc = MallocBdev::new("m0", 512, 1 << 20).expect("malloc bdev");
-        let null = NullBdev::new("n0", 4096, 1 << 30).expect("null bdev");
+        let null = NullBdev::new("n0", NULL_BLOCK as u32, 1 << 30).expect("null bdev");
         target.add_bdev("m0", Arc::new(malloc));
         target.add_bdev("n0", Arc::new(null));
         let sub = Arc::new(Subsystem::new(
@@ -461,6 +468,12 @@ struct Sent {
     cid: u16,
     /// An Asynchronous Event Request on an admin queue: may stay pending.
     may_pend: bool,
+    /// A Read of the null namespace into this range of the data area (offset, bytes the blocks
+    /// fill): on success it must hold zeroes, unless `shared`.
+    null_read: Option<(usize, usize)>,
+    /// Another command of this queue was outstanding at some time during this one's life (its
+    /// data may have landed in the same memory).
+    shared: bool,
 }
 
 /// A raw host queue: a CM connection with its QP, CQ and registered region (capsule buffers,
@@ -655,16 +668,46 @@ impl HostQueue {
         bytes.extend_from_slice(&sqe.to_bytes());
         bytes.extend_from_slice(in_capsule);
         if self.send_raw(&bytes, answer, imm) {
+            self.starved |= !answer;
             let may_pend = self.qid == 0 && sqe.opcode == AER_OPCODE;
+            let shared = !self.outstanding.is_empty();
+            for s in &mut self.outstanding {
+                s.shared = true;
+            }
             self.outstanding.push(Sent {
                 cid: sqe.cid,
                 may_pend,
+                null_read: self.null_read(sqe),
+                shared,
             });
         }
     }
 
+    /// Where a Read of the null namespace on an I/O queue puts its zeroes in the data area (the
+    /// blocks' bytes, at most the descriptor's length), if `sqe` is one with this queue's key.
+    fn null_read(&self, sqe: &Sqe) -> Option<(usize, usize)> {
+        if self.qid == 0 || sqe.opcode != READ_OPCODE || sqe.nsid != NULL_NSID {
+            return None;
+        }
+        let SglDescriptor::KeyedDataBlock {
+            address,
+            length,
+            key,
+            invalidate: false,
+        } = sqe.sgl1().ok()?
+        else {
+            return None;
+        };
+        let offset = usize::try_from(address.checked_sub(self.mr.addr())?).ok()?;
+        let offset = offset.checked_sub(DATA_AT)?;
+        let blocks = (sqe.cdw12 & 0xFFFF) as usize + 1;
+        let bytes = (length.get() as usize).min(blocks * NULL_BLOCK);
+        (key == self.mr.rkey() && offset + bytes <= DATA_SIZE).then_some((offset, bytes))
+    }
+
     /// Sends `bytes` as one SEND (a receive posted first when `answer`); false when it was not
-    /// posted (the host's queues full, or the QP refused it).
+    /// posted (the host's queues full, or the QP refused it). A runt needs no receive: the target
+    /// answers nothing shorter than an SQE.
     fn send_raw(&mut self, bytes: &[u8], answer: bool, imm: Option<u32>) -> bool {
         if self.sends_in_flight >= HOST_SENDS {
             return false;
@@ -686,8 +729,6 @@ impl HostQueue {
                 return false;
             }
             self.receive_posted[slot] = true;
-        } else {
-            self.starved = true;
         }
         let at = self.next_capsule * CAPSULE_SLOT;
         self.next_capsule = (self.next_capsule + 1) % HOST_DEPTH;
@@ -751,7 +792,22 @@ impl HostQueue {
                         self.qid, cqe.cid, self.outstanding
                     );
                 };
-                self.outstanding.swap_remove(sent);
+                let sent = self.outstanding.swap_remove(sent);
+                if let (Some((offset, bytes)), false, true) =
+                    (sent.null_read, sent.shared, cqe.status.is_success())
+                {
+                    let data = self
+                        .mr
+                        .read_vec(DATA_AT + offset..DATA_AT + offset + bytes)
+                        .expect("inside the region");
+                    if let Some(at) = data.iter().position(|&b| b != 0) {
+                        panic!(
+                            "qid {}: a read of the null namespace (CID {:#x}) answered success \
+                             with a non-zero byte at {at} of {bytes}",
+                            self.qid, cqe.cid
+                        );
+                    }
+                }
                 answers.push(cqe);
             }
             if n < wcs.len() {

@@ -220,5 +220,21 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             ),
         ),
         ("beyond_queue_depth", input(1, &flood_records)),
+        (
+            // Bytes in a data buffer and in the host's memory, then a read of the null
+            // namespace over them: zeroes must replace them.
+            "null_read_over_data",
+            with_controller(
+                0,
+                &[
+                    capsule(1, FLAG_1, &io(WRITE, 1, 1, 0, 8, 0), &[0xA5; 4096]),
+                    vec![OP_SETTLE],
+                    capsule(1, FLAG_0, &io(READ, 2, 1, 0, 8, 4096), &[]),
+                    vec![OP_SETTLE],
+                    capsule(1, FLAG_0, &io(READ, 3, 2, 0, 1, 4096), &[]),
+                    vec![OP_SETTLE],
+                ],
+            ),
+        ),
     ]
 }
