@@ -1,15 +1,16 @@
 //! The whole request path under a hostile host (feature `fuzzing`; the `fuzz_target_hostile_host`
-//! target in `fuzz/`): a running [`RdmaTransport`] with the NVMe handler on a reactor, on the soft
-//! in-process fabric, and raw host queues (CM connections with their own QP, CQ and registered
-//! region) that connect, send capsules and disconnect as the input says. Unlike
+//! target in `fuzz/`): a running [`RdmaTransport`] with the NVMe handler on a reactor, on a soft
+//! fabric, and raw host queues (CM connections with their own QP, CQ and registered region) that connect, send capsules and disconnect as the input says. Unlike
 //! `nvme::fuzzing`, which calls the execution interface, this goes through everything a network
 //! peer reaches: the CM's private data, the acceptor, the poll group's SRQ and requests, data
 //! buffers, RDMA READs and WRITEs against the host's keys, silent answers, drains.
 //!
 //! One rig lives for the process (starting reactors per input would be slow): a target with a
-//! malloc namespace (nsid 1) and a null one (nsid 2), one reactor, and two transports on two soft
-//! devices, one answering every response with a completion (`silent_answers` 0, the default) and
-//! one with lone answers silent (2); the input's first byte picks. The groups are small (64
+//! malloc namespace (nsid 1) and a null one (nsid 2), one reactor, and three transports on three
+//! soft devices: in-process answering every response with a completion (`silent_answers` 0, the
+//! default), in-process with lone answers silent (2), and soft TCP (the fabric between processes,
+//! here over loopback; the host's side moves when its queues poll); the input's first byte
+//! picks (mod 3). The groups are small (64
 //! receive slots, 48 request objects, 16 data buffers of 4 KiB) so that waits for requests and
 //! buffers happen. Rules (a panic is what libFuzzer reports):
 //! - no panic on any thread (the reactor's included);
@@ -30,7 +31,7 @@
 //! A wait that a working target ends at once (an answer, a teardown) gives up after
 //! [`PATIENCE`]: a hang is reported as a panic naming what was awaited.
 //!
-//! Input: a first byte (bit 0: which transport), then records of a control byte (bits 0-2 the
+//! Input: a first byte (which transport, mod 3), then records of a control byte (bits 0-2 the
 //! operation, 3-4 the host queue slot, 5-7 flags) and the operation's bytes:
 //! - 0 connect (the first 8 of an input): 2 bytes (qid, depth). Flag 0: the admin queue (else qid 1-3 of the controller
 //!   last connected); flag 1: the CM private data is the next bytes (a length byte, up to 56),
@@ -77,6 +78,8 @@ const SUBNQN: &str = "nqn.2016-06.io.nvmf-rs:hostile";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:6a1c0e55-3b1e-4c0b-9d3f-5e7a8b9c0d1e";
 /// How long a wait that a working target ends at once may take before it counts as a hang.
 pub const PATIENCE: Duration = Duration::from_secs(10);
+/// Transports (see the module doc).
+const SIDES: usize = 3;
 /// Host queue slots an input drives.
 const SLOTS: usize = 4;
 /// Receives (answers) a host queue keeps posted at most; also its capsule buffers.
@@ -136,7 +139,7 @@ pub fn hostile_host(data: &[u8]) {
     let Some((&first, mut rest)) = data.split_first() else {
         return;
     };
-    let side = &rig.sides[usize::from(first & 1)];
+    let side = &rig.sides[usize::from(first) % SIDES];
     let mut run = Run {
         addr: side.addr,
         slots: std::array::from_fn(|_| None),
@@ -247,7 +250,7 @@ struct Side {
 /// The target, its reactor and its two transports (see the module doc).
 struct Rig {
     target: Arc<Target>,
-    sides: [Side; 2],
+    sides: [Side; SIDES],
     _runtime: Runtime,
 }
 
@@ -260,7 +263,7 @@ fn rig() -> &'static Mutex<Rig> {
 impl Rig {
     fn start() -> Rig {
         // Addresses no other soft device of the process uses (unit tests share the process).
-        let addrs = [1u8, 2].map(|n| SocketAddr::from((Ipv4Addr::new(127, 0, 77, n), 4420)));
+        let addrs = [1u8, 2, 3].map(|n| SocketAddr::from((Ipv4Addr::new(127, 0, 77, n), 4420)));
         let mut target = Target::new(Limits::default(), addrs.to_vec());
         let malloc = MallocBdev::new("m0", 512, 1 << 20).expect("malloc bdev");
         let null = NullBdev::new("n0", NULL_BLOCK as u32, 1 << 30).expect("null bdev");
@@ -286,14 +289,20 @@ impl Rig {
             ..RuntimeConfig::default()
         })
         .expect("runtime");
-        let sides = [0u32, 2].map(|silent_answers| {
-            let addr = addrs[silent_answers as usize / 2];
+        let kinds = [
+            (SoftFabric::InProcess, 0),
+            (SoftFabric::InProcess, 2),
+            (SoftFabric::Tcp, 0),
+        ];
+        let sides = std::array::from_fn(|index| {
+            let (fabric, silent_answers) = kinds[index];
+            let addr = addrs[index];
             let SocketAddr::V4(v4) = addr else {
                 unreachable!("v4 above")
             };
             let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
-                name: format!("hostile{}-{silent_answers}", std::process::id()),
-                fabric: SoftFabric::InProcess,
+                name: format!("hostile{}-{index}", std::process::id()),
+                fabric,
                 ip: *v4.ip(),
                 ..SoftConfig::default()
             }))

@@ -107,6 +107,17 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
             ],
         )
     };
+    let starved_then_runt = |first| {
+        with_controller(
+            first,
+            &[
+                capsule(1, FLAG_0 | FLAG_2, &io(READ, 4, 1, 0, 1, 512), &[]),
+                vec![OP_SHORT | 1 << 3, 2, 0, 0],
+                vec![OP_DISCONNECT | 1 << 3],
+                vec![OP_SETTLE],
+            ],
+        )
+    };
     let abort = admin(0x08, 10, 0, 1 | 9 << 16, 0, 0);
     let flood: Vec<Vec<u8>> = (0..8)
         .map(|cid| capsule(2, FLAG_0, &io(READ, cid, 2, 0, 1, 4096), &[]))
@@ -119,6 +130,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("session", session(0)),
         ("session_silent_answers", session(1)),
+        ("session_tcp", session(2)),
         (
             "in_capsule_writes",
             with_controller(
@@ -144,18 +156,8 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                 ],
             ),
         ),
-        (
-            "starved_then_runt",
-            with_controller(
-                1,
-                &[
-                    capsule(1, FLAG_0 | FLAG_2, &io(READ, 4, 1, 0, 1, 512), &[]),
-                    vec![OP_SHORT | 1 << 3, 2, 0, 0],
-                    vec![OP_DISCONNECT | 1 << 3],
-                    vec![OP_SETTLE],
-                ],
-            ),
-        ),
+        ("starved_then_runt", starved_then_runt(1)),
+        ("starved_then_runt_tcp", starved_then_runt(2)),
         (
             "abort",
             with_controller(
