@@ -17,8 +17,11 @@
 //! - a connect is answered (established or refused) and a capsule's SEND completes;
 //! - the target sends only 16-byte responses, each naming a CID the host sent on that queue and
 //!   has not had answered yet;
-//! - every command is answered while its connection stands and the host keeps receives posted
-//!   for it (an Asynchronous Event Request on an admin queue may stay pending);
+//! - every command is answered while its connection stands, once the host has posted a receive
+//!   for each answer (an Asynchronous Event Request on an admin queue may stay pending). A
+//!   host that holds receives back (RNR, retried for ever, as nvmet-rdma and SPDK accept) may
+//!   hold up the group's other queues meanwhile: what its answers hold (data buffers, requests)
+//!   waits with them, so the rule is checked at a settle, after the host caught up;
 //! - a Read of the null namespace answered with success left zeroes where its blocks go in the
 //!   host's memory (checked when it was its queue's only command in flight: a data buffer still
 //!   holding another command's bytes, or a success without the data moved, shows here);
@@ -41,10 +44,12 @@
 //!   (as many as are left). Flag 0: SGL1 becomes a keyed descriptor into the host's data area
 //!   (its real key; offset and length from the SQE's own SGL, kept inside the area), asking
 //!   for the key's invalidation when flag 1 is set too; flag 1 alone: SGL1 becomes in-capsule
-//!   data of the capsule's length; flag 2: no receive is posted for the answer (the queue is
-//!   starved from then on, and exempt from the answer rule).
+//!   data of the capsule's length; flag 2: no receive is posted for the answer (the target's
+//!   answer waits, retrying for ever, holding what its command holds, until the next settle
+//!   posts the receives held back).
 //! - 2 short SEND: a length byte (mod 64) and the bytes: less than an SQE.
-//! - 3 settle: wait until every command is answered (the rule above).
+//! - 3 settle: post the receives held back, and wait until every command is answered (the rule
+//!   above).
 //! - 4 disconnect the slot (CM disconnect; the slot is free again).
 //! - 5 capsule sent as SEND with immediate data (as 1, the immediate from the SQE's CID).
 //! - 6 wait a byte's worth of milliseconds (mod 4), polling.
@@ -447,11 +452,15 @@ impl Run {
         }
     }
 
-    /// Waits until every queue that stands has its commands answered (the answer rule).
+    /// Waits until every queue that stands has its commands answered (the answer rule), posting
+    /// the receives held back as response slots free up.
     fn settle(&mut self) {
         let deadline = Instant::now() + PATIENCE;
         loop {
             self.poll_all();
+            for s in self.slots.iter_mut().flatten() {
+                s.repay_receives();
+            }
             let waiting: Vec<String> = self
                 .slots
                 .iter()
@@ -504,8 +513,8 @@ struct HostQueue {
     sends_in_flight: usize,
     /// An error completion or a CM disconnect came: answers are not owed any more.
     broken: bool,
-    /// A capsule went without a receive for its answer.
-    starved: bool,
+    /// Capsules sent without a receive for their answers; a settle posts them.
+    receives_owed: usize,
 }
 
 impl HostQueue {
@@ -593,7 +602,7 @@ impl HostQueue {
             next_capsule: 0,
             sends_in_flight: 0,
             broken: false,
-            starved: false,
+            receives_owed: 0,
         })
     }
 
@@ -677,7 +686,7 @@ impl HostQueue {
         bytes.extend_from_slice(&sqe.to_bytes());
         bytes.extend_from_slice(in_capsule);
         if self.send_raw(&bytes, answer, imm) {
-            self.starved |= !answer;
+            self.receives_owed += usize::from(!answer);
             let may_pend = self.qid == 0 && sqe.opcode == AER_OPCODE;
             let shared = !self.outstanding.is_empty();
             for s in &mut self.outstanding {
@@ -714,6 +723,34 @@ impl HostQueue {
         (key == self.mr.rkey() && offset + bytes <= DATA_SIZE).then_some((offset, bytes))
     }
 
+    /// Posts the receives held back, as far as response slots are free.
+    fn repay_receives(&mut self) {
+        while self.receives_owed > 0 && !self.broken && self.post_receive() {
+            self.receives_owed -= 1;
+        }
+    }
+
+    /// Posts a receive into a free response slot; false when none is free or the QP refused.
+    fn post_receive(&mut self) -> bool {
+        let Some(slot) = self.receive_posted.iter().position(|posted| !posted) else {
+            return false;
+        };
+        let sge = self.mr.sge(RESPONSES_AT + slot * 16, 16);
+        if self
+            .qp
+            .post_recv(&[RecvWr {
+                wr_id: RECV_WR + slot as u64,
+                sges: &[sge],
+            }])
+            .is_err()
+        {
+            self.broken = true;
+            return false;
+        }
+        self.receive_posted[slot] = true;
+        true
+    }
+
     /// Sends `bytes` as one SEND (a receive posted first when `answer`); false when it was not
     /// posted (the host's queues full, or the QP refused it). A runt needs no receive: the target
     /// answers nothing shorter than an SQE.
@@ -721,23 +758,8 @@ impl HostQueue {
         if self.sends_in_flight >= HOST_SENDS {
             return false;
         }
-        if answer {
-            let Some(slot) = self.receive_posted.iter().position(|posted| !posted) else {
-                return false;
-            };
-            let sge = self.mr.sge(RESPONSES_AT + slot * 16, 16);
-            if self
-                .qp
-                .post_recv(&[RecvWr {
-                    wr_id: RECV_WR + slot as u64,
-                    sges: &[sge],
-                }])
-                .is_err()
-            {
-                self.broken = true;
-                return false;
-            }
-            self.receive_posted[slot] = true;
+        if answer && !self.post_receive() {
+            return false;
         }
         let at = self.next_capsule * CAPSULE_SLOT;
         self.next_capsule = (self.next_capsule + 1) % HOST_DEPTH;
@@ -834,7 +856,7 @@ impl HostQueue {
     /// The answer rule applies: the connection stands, every command had a receive posted,
     /// and a command that must be answered is not yet.
     fn owes_answers(&self) -> bool {
-        !self.broken && !self.starved && self.outstanding.iter().any(|s| !s.may_pend)
+        !self.broken && self.receives_owed == 0 && self.outstanding.iter().any(|s| !s.may_pend)
     }
 
     /// Tears the connection down from the host side.
