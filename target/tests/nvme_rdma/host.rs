@@ -283,6 +283,36 @@ impl HostQueue {
             .unwrap();
     }
 
+    /// Sends `sqe` without a receive for its answer: a host slow to take it (the target's SEND
+    /// meets RNR and retries) until [`HostQueue::take_held_answer`]. Returns the CID given.
+    pub fn send_without_receive(&mut self, mut sqe: Sqe) -> u16 {
+        sqe.cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        self.mr.write_at(CAPSULE_AT, &sqe.to_bytes()).unwrap();
+        let send = self.mr.sge(CAPSULE_AT, 64);
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: 1,
+                op: SendOp::Send,
+                sges: &[send],
+                flags: SendFlags::SIGNALED,
+            }])
+            .unwrap();
+        sqe.cid
+    }
+
+    /// Posts the receive an answer was held back for, and waits for the answer.
+    pub fn take_held_answer(&mut self) -> Cqe {
+        let recv = self.mr.sge(RESPONSE_AT, 16);
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: 2,
+                sges: &[recv],
+            }])
+            .unwrap();
+        self.wait_response()
+    }
+
     /// Sends `sqe` with a receive of its own for the answer (slot `n % 16` of the response
     /// area): several commands may be outstanding; [`HostQueue::collect`] gathers answers in
     /// any order. Returns the CID given.

@@ -1021,6 +1021,35 @@ fn null_reads_never_see_stale_data(fabric: SoftFabric) {
     drop(admin);
 }
 
+/// A host slow to take an answer (no receive posted: the target's SEND meets RNR and retries for
+/// ever) holds only that answer: a write's data buffers go back when its response is posted, so
+/// other commands of the group do not wait for them meanwhile.
+fn held_answer_holds_no_buffers(fabric: SoftFabric) {
+    let rig = Rig::with_group(fabric, |g| g.data_buffers = 4);
+    let all = (REACTORS * 4) as u32;
+    let (admin, _, mut io) = rig.controller();
+    // 16 KiB by keyed SGL: the four buffers of its group.
+    let data = pattern(0x3C, 16384);
+    io.write_data(0, &data);
+    io.send_without_receive(rw(0x01, 0, 32, io.keyed(0, 16384)));
+    wait_until("the write's buffers back while its answer waits", || {
+        // The host's side of the soft TCP fabric moves (the target's READ of the data) when
+        // it polls.
+        io.poll_once();
+        rig.usage().1 == all
+    });
+    let c = io.take_held_answer();
+    assert!(c.status.is_success(), "{c:?}");
+    io.write_data(32768, &[0; 16384]);
+    let c = io
+        .exec(rw(0x02, 0, 32, io.keyed(32768, 16384)), &[])
+        .unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(io.read_data(32768, 16384) == data, "the write landed whole");
+    drop(io);
+    drop(admin);
+}
+
 #[test]
 fn abort_waiting_for_read_depth_tcp() {
     commands::abort_waiting_for_read_depth();
@@ -1055,6 +1084,7 @@ on_both_fabrics! {
     completions_inproc, completions_tcp => completions_counted;
     silent_counted_inproc, silent_counted_tcp => silent_responses_counted;
     null_zeroes_inproc, null_zeroes_tcp => null_reads_never_see_stale_data;
+    held_answer_inproc, held_answer_tcp => held_answer_holds_no_buffers;
     in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
     in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
     in_capsule_srq_inproc, in_capsule_srq_tcp => in_capsule::srq_all_held;

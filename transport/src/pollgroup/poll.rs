@@ -603,7 +603,7 @@ mod tests {
     use crate::pollgroup::chain::{Chain, ChainWr};
     use crate::pollgroup::lifecycle::QpairEvent;
     use crate::pollgroup::request::ReqId;
-    use crate::pollgroup::{PollGroupConfig, SlotState};
+    use crate::pollgroup::{BufferGrant, PollGroupConfig, SlotState};
     use crate::types::SendFlags;
     use crate::types::SendOp;
     use crate::types::{SoftConfig, SoftFabric, WcOpcode};
@@ -667,6 +667,26 @@ mod tests {
         pg.chain_posted(req.index);
         pg.qpairs[qref.index as usize].reserve(1, 0);
         req
+    }
+
+    /// A request's data buffers go back before it finishes (its response carries no data), but
+    /// never while its chain may be on the send queue.
+    #[test]
+    fn buffers_go_back_before_the_response_but_not_from_a_posted_chain() {
+        let (mut pg, qpn) = group("release-buffers");
+        let qref = pg.lookup(qpn).unwrap();
+        let req = pg.new_request(qref, u32::MAX).unwrap();
+        assert_eq!(pg.alloc_buffers(req, 8192).unwrap(), BufferGrant::Ready);
+        assert_eq!(pg.buffers_free(), 0);
+        assert!(pg.release_buffers(req));
+        assert_eq!(pg.buffers_free(), 2);
+        assert_eq!(pg.request(req).unwrap().buffer_count(), 0);
+        // Finishing frees nothing twice.
+        pg.finish(req);
+        assert_eq!(pg.buffers_free(), 2);
+
+        let posted = posted_request(&mut pg, qpn);
+        assert!(!pg.release_buffers(posted), "its chain may still read them");
     }
 
     /// `req`'s SEND completion with an error `status`.

@@ -282,6 +282,26 @@ impl<R> PollGroup<R> {
         Ok(BufferGrant::Waiting)
     }
 
+    /// Gives `req`'s data buffers back now, before it finishes: its data has moved and what it
+    /// posts next reads none of them (a response without data), so a response the host is slow
+    /// to take (RNR, retried for ever) holds no buffer that other commands wait for. Refused
+    /// (false) while a chain of the request may still be on the send queue, or for an aborted
+    /// request. Requests waiting for buffers are served at the end of the poll.
+    pub fn release_buffers(&mut self, req: ReqId) -> bool {
+        let Some(r) = self.request_mut(req) else {
+            return false;
+        };
+        if r.aborted || r.chain_in_flight() || r.state == RequestState::WaitingBuffers {
+            return false;
+        }
+        let n = std::mem::take(&mut r.nbufs) as usize;
+        let bufs = r.bufs;
+        for &b in &bufs[..n] {
+            self.bufs.put(b);
+        }
+        true
+    }
+
     fn take_buffers(&mut self, index: u32, need: usize) {
         let r = &mut self.reqs[index as usize];
         while (r.nbufs as usize) < need {
