@@ -60,8 +60,9 @@ fn reactor_without_idle_mode_keeps_polling() {
     );
     assert!(polled.load(Relaxed) > 1_000);
     // Nothing did work: every iteration but the message's was idle, none counted busy time
-    // beyond that one.
-    assert!(after.idle_polls + 1 >= after.polls);
+    // beyond that one. The snapshot may see a pass's poll count and not yet its idle count
+    // (two counters, published one after the other while the reactor runs): one pass of slack.
+    assert!(after.idle_polls + 2 >= after.polls, "{after:?}");
     rt.stop().expect("stop");
 }
 
