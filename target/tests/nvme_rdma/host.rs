@@ -260,36 +260,35 @@ impl HostQueue {
     }
 
     /// As [`HostQueue::send_only`], with `in_capsule` data after the SQE.
-    pub fn send_only_with(&mut self, mut sqe: Sqe, in_capsule: &[u8]) {
-        sqe.cid = self.next_cid;
-        self.next_cid = self.next_cid.wrapping_add(1);
-        self.mr.write_at(CAPSULE_AT, &sqe.to_bytes()).unwrap();
-        self.mr.write_at(CAPSULE_AT + 64, in_capsule).unwrap();
+    pub fn send_only_with(&mut self, sqe: Sqe, in_capsule: &[u8]) {
+        self.post_answer_receive();
+        self.send_capsule(sqe, in_capsule);
+    }
+
+    /// Sends `sqe` without a receive for its answer: a host slow to take it (the target's SEND
+    /// meets RNR and retries) until [`HostQueue::take_held_answer`]. Returns the CID given.
+    pub fn send_without_receive(&mut self, sqe: Sqe) -> u16 {
+        self.send_capsule(sqe, &[])
+    }
+
+    /// The receive for one answer (`wr_id` 2, into the response slot).
+    fn post_answer_receive(&mut self) {
         let recv = self.mr.sge(RESPONSE_AT, 16);
-        let send = self.mr.sge(CAPSULE_AT, 64 + in_capsule.len() as u32);
         self.qp
             .post_recv(&[RecvWr {
                 wr_id: 2,
                 sges: &[recv],
             }])
             .unwrap();
-        self.qp
-            .post_send(&[SendWr {
-                wr_id: 1,
-                op: SendOp::Send,
-                sges: &[send],
-                flags: SendFlags::SIGNALED,
-            }])
-            .unwrap();
     }
 
-    /// Sends `sqe` without a receive for its answer: a host slow to take it (the target's SEND
-    /// meets RNR and retries) until [`HostQueue::take_held_answer`]. Returns the CID given.
-    pub fn send_without_receive(&mut self, mut sqe: Sqe) -> u16 {
+    /// Gives `sqe` the next CID and sends it with `in_capsule` after it (`wr_id` 1); the CID.
+    fn send_capsule(&mut self, mut sqe: Sqe, in_capsule: &[u8]) -> u16 {
         sqe.cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
         self.mr.write_at(CAPSULE_AT, &sqe.to_bytes()).unwrap();
-        let send = self.mr.sge(CAPSULE_AT, 64);
+        self.mr.write_at(CAPSULE_AT + 64, in_capsule).unwrap();
+        let send = self.mr.sge(CAPSULE_AT, 64 + in_capsule.len() as u32);
         self.qp
             .post_send(&[SendWr {
                 wr_id: 1,
@@ -303,13 +302,7 @@ impl HostQueue {
 
     /// Posts the receive an answer was held back for, and waits for the answer.
     pub fn take_held_answer(&mut self) -> Cqe {
-        let recv = self.mr.sge(RESPONSE_AT, 16);
-        self.qp
-            .post_recv(&[RecvWr {
-                wr_id: 2,
-                sges: &[recv],
-            }])
-            .unwrap();
+        self.post_answer_receive();
         self.wait_response()
     }
 
