@@ -511,9 +511,10 @@ impl NvmeHandler {
             Some(p) if p.direction == Direction::ControllerToHost && success => (p.length, count),
             _ => (0, 0),
         };
-        if writes == 0 {
-            // Only the response goes: the data buffers (a write's data, a failed read's) are
-            // done with, and a host slow to take the response (RNR) must not hold them.
+        // Only the response goes: the data buffers (a write's data, a failed read's) are done
+        // with, and a host slow to take the response (RNR) must not hold them. (An in-capsule
+        // write holds none: no call.)
+        if writes == 0 && pg.request(req).is_some_and(|r| r.buffer_count() > 0) {
             pg.release_buffers(req);
         }
         if let Err(e) = self.post_next(pg, req, length, writes, Some((send_op, sge))) {
