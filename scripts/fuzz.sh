@@ -4,6 +4,8 @@
 # target, and the soft provider's wire: its CM messages and TCP frames) for NVMF_FUZZ_SECONDS each (default 60), installing cargo-fuzz first
 # when it is missing. The project builds on stable Rust; cargo-fuzz's nightly flags are accepted
 # with RUSTC_BOOTSTRAP=1.
+# A target with seed inputs (fuzz/seeds/TARGET) starts from them as well as from its corpus
+# (fuzz/corpus/TARGET, kept between runs on one machine).
 # Prints one line per target (inputs run, or the crash file libFuzzer wrote) and exits non-zero
 # when any target found something. Logs: build/fuzz/TARGET.log.
 #
