@@ -226,10 +226,8 @@ pub fn hostile_host(data: &[u8]) {
         run.poll_all();
     }
     run.settle();
-    for slot in run.slots.iter_mut() {
-        if let Some(s) = slot.take() {
-            s.close();
-        }
+    for queue in run.slots.into_iter().flatten() {
+        queue.close();
     }
     rig.wait_idle(side);
 }
@@ -252,7 +250,7 @@ struct Side {
     _ctx: Context,
 }
 
-/// The target, its reactor and its two transports (see the module doc).
+/// The target, its reactor and its transports (see the module doc).
 struct Rig {
     target: Arc<Target>,
     sides: [Side; SIDES],
