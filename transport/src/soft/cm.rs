@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::channel::EventQueue;
+use super::cm_threads;
 use super::device::{self, DeviceInner};
 use super::qp::QpShared;
 use super::{Soft, SoftContext, SoftPd, SoftQp};
@@ -35,7 +36,6 @@ const REJ_CONSUMER: u32 = 28;
 
 const MIN_RNR_TIMER: u8 = 12;
 const ACK_TIMEOUT: u8 = 14;
-const CM_THREAD_STACK: usize = 128 * 1024;
 
 static LISTENERS: Mutex<Vec<(SocketAddr, Weak<IdInner>)>> = Mutex::new(Vec::new());
 static IDS: Mutex<Vec<Weak<IdInner>>> = Mutex::new(Vec::new());
@@ -682,10 +682,7 @@ impl CmChannelOps<Soft> for SoftCmChannel {
                 })?;
                 let bound = listener.local_addr()?;
                 let weak = Arc::downgrade(&id);
-                std::thread::Builder::new()
-                    .name("soft-cm-listen".into())
-                    .stack_size(CM_THREAD_STACK)
-                    .spawn(move || tcp_accept_loop(listener, weak))
+                cm_threads::spawn("soft-cm-listen", move || tcp_accept_loop(listener, weak))
                     .map_err(|e| TransportError::Os {
                         op: "spawn soft CM listener",
                         source: e,
@@ -756,10 +753,7 @@ fn tcp_accept_loop(listener: TcpListener, id: Weak<IdInner>) {
         let _ = stream.set_nodelay(true);
         let weak = Arc::downgrade(&l);
         drop(l);
-        let spawned = std::thread::Builder::new()
-            .name("soft-cm-conn".into())
-            .stack_size(CM_THREAD_STACK)
-            .spawn(move || tcp_passive_conn(stream, weak));
+        let spawned = cm_threads::spawn("soft-cm-conn", move || tcp_passive_conn(stream, weak));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "soft CM: cannot spawn a connection thread");
         }
@@ -935,10 +929,8 @@ impl CmIdOps<Soft> for SoftCmId {
             }
             SoftFabric::Tcp => {
                 let weak = Arc::downgrade(&self.inner);
-                let spawned = std::thread::Builder::new()
-                    .name("soft-cm-connect".into())
-                    .stack_size(CM_THREAD_STACK)
-                    .spawn(move || tcp_active(weak, dst, req));
+                let spawned =
+                    cm_threads::spawn("soft-cm-connect", move || tcp_active(weak, dst, req));
                 if let Err(e) = spawned {
                     self.inner.st().state = State::Resolved;
                     return Err(TransportError::Os {

@@ -47,7 +47,8 @@
 //! zero timeout, edge-triggered) over the sockets of its QPs, so only ready QPs cost anything.
 //! Posting on a stalled QP also makes progress. Background threads exist only on the control
 //! path: the TCP device's acceptor (hands data connections to QPs) and the TCP CM (one listener
-//! thread per listening id, one reader thread per CM connection).
+//! thread per listening id, one reader thread per CM connection; `cm_threads.rs` joins them once
+//! they finish).
 //! Completion channels, async events and CM channels are queues with a socketpair fd that is
 //! readable while events are pending; a CQ writes its channel only when armed.
 //!
@@ -81,6 +82,7 @@
 
 mod channel;
 mod cm;
+mod cm_threads;
 mod cq;
 mod delivery_batch;
 mod device;
@@ -113,6 +115,7 @@ use crate::types::*;
 
 pub use channel::SoftCompChannel;
 pub use cm::{SoftCmChannel, SoftCmId};
+pub use cm_threads::join_finished as join_finished_cm_threads;
 pub use cq::SoftCq;
 pub use device::{SoftContext, SoftPd};
 pub use fault::FaultInjector;
