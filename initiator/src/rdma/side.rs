@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use nvmf_protocol::Cqe;
+use nvmf_protocol::{CQE_SIZE, Cqe};
 use nvmf_transport::WcStatus;
 use nvmf_transport::pollgroup::{PollGroup, ReqId};
 
@@ -75,6 +75,16 @@ impl Side {
 
     /// A response capsule for this queue's qpair.
     pub(super) fn response(&mut self, pg: &mut PollGroup<HostCommand>, capsule: &[u8]) {
+        // A response is a CQE and nothing else (NVMe-oF RDMA carries no data in it): longer is
+        // as malformed as shorter. The receive slots are larger (the poll group's capsule
+        // header), so the device does not refuse it as the Linux host's 16-byte buffers would.
+        if capsule.len() != CQE_SIZE {
+            self.lose(format!(
+                "malformed response: {} bytes, not a {CQE_SIZE}-byte CQE",
+                capsule.len()
+            ));
+            return;
+        }
         let cqe = match Cqe::decode(capsule) {
             Ok(c) => c,
             Err(e) => {
