@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target in fuzz/ (the protocol crate's parsers of untrusted bytes, the
-# target's command path, the whole target against a hostile host, the host against a hostile
-# target, and the soft provider's wire: its CM messages and TCP frames) for NVMF_FUZZ_SECONDS each (default 60), installing cargo-fuzz first
-# when it is missing. The project builds on stable Rust; cargo-fuzz's nightly flags are accepted
+# target's command path, the whole target against a hostile host, the host (its controller and
+# its RDMA queues) against a hostile target, and the soft provider's wire: its CM messages and TCP
+# frames) for NVMF_FUZZ_SECONDS each (default 60), installing cargo-fuzz first when it is
+# missing. The project builds on stable Rust; cargo-fuzz's nightly flags are accepted
 # with RUSTC_BOOTSTRAP=1.
 # A target with seed inputs (fuzz/seeds/TARGET) starts from them as well as from its corpus
 # (fuzz/corpus/TARGET, kept between runs on one machine).
@@ -34,18 +35,18 @@ if [ -n "${NVMF_FUZZ_ONLY:-}" ]; then
   done
   targets=$NVMF_FUZZ_ONLY
 fi
-# The protocol's, the command path's and the host's targets run without a sanitizer (what they
-# reach forbids unsafe); the soft provider's and the hostile host's (a running transport on the
-# in-process fabric) reach the transport crate's unsafe (its copies into registered memory), so
+# The protocol's, the command path's and the host controller's targets run without a sanitizer (what they
+# reach forbids unsafe); the soft provider's, the hostile host's and the host queues' (a transport
+# on the soft fabrics) reach the transport crate's unsafe (its copies into registered memory), so
 # they run under the address sanitizer, built in a directory of their own so neither build undoes
 # the other.
 flags_of() {
   case $1 in
-    fuzz_soft_* | fuzz_target_hostile_host) echo "-O -s address --target-dir $ASAN_TARGET_DIR" ;;
+    fuzz_soft_* | fuzz_target_hostile_host | fuzz_host_queue_hostile_target) echo "-O -s address --target-dir $ASAN_TARGET_DIR" ;;
     *) echo "-O -s none" ;;
   esac
 }
-echo "== building the fuzz targets (release; address sanitizer for fuzz_soft_* and fuzz_target_hostile_host) =="
+echo "== building the fuzz targets (release; address sanitizer for fuzz_soft_*, fuzz_target_hostile_host and fuzz_host_queue_hostile_target) =="
 for t in $targets; do
   # shellcheck disable=SC2046 # the flags are words
   cargo fuzz build $(flags_of "$t") "$t"

@@ -121,6 +121,13 @@ pub struct HostGroupInfo {
     pub queues: usize,
     /// Request objects reserved by them (sum of depths).
     pub reserved: u32,
+    /// Qpairs in the poll group (draining ones included).
+    pub qpairs: usize,
+    /// Request objects in use (commands in flight, silent SENDs not yet retired).
+    pub requests_in_use: usize,
+    /// Receive slots holding a response not yet handled, and slots queued for re-posting.
+    pub recv_held: u32,
+    pub recv_queued: u32,
     /// CQ polls so far.
     pub polls: u64,
     /// The poll group's counters (how its qpairs' drains ended, among others).
@@ -452,6 +459,10 @@ impl HostGroup {
             device: self.pg.context().name().to_string(),
             queues: self.router.sides.iter().flatten().count(),
             reserved: self.reserved.iter().sum(),
+            qpairs: self.pg.qpair_count(),
+            requests_in_use: self.pg.requests_in_use(),
+            recv_held: self.pg.recv_accounting().2,
+            recv_queued: self.pg.recv_accounting().1,
             polls: self.polls,
             stats: self.pg.stats(),
         }

@@ -13,9 +13,13 @@
 //! - `by_cid.rs`: the table of a queue's commands in flight by CID;
 //! - `queue.rs`: [`RdmaQueue`], the `HostQueue` over a qpair of a group;
 //! - `windows.rs`: per-I/O keys (`bind_window`), a pool of memory windows per queue, where the
-//!   device has them.
+//!   device has them;
+//! - `fuzzing.rs`: queues against a hostile raw target, with the rules they must keep (feature
+//!   `fuzzing`, and the unit tests).
 
 mod by_cid;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod group;
 mod queue;
 mod side;

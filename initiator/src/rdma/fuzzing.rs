@@ -1,0 +1,1561 @@
+//! The host's RDMA queues under a hostile target (feature `fuzzing`; the
+//! `fuzz_host_queue_hostile_target` target in `fuzz/`): [`RdmaFabric`] queues on a soft fabric
+//! against raw target connections (a CM listener, a QP, a CQ and a registered region of the
+//! harness's own) that accept or refuse, take capsules, move data with RDMA READ and WRITE and
+//! answer as the input says. Unlike `controller::fuzzing`, whose fabric is a fake at the
+//! `HostQueue` interface, this goes through everything a network peer reaches in the host: the
+//! CM's private data, the host poll group's SRQ, request objects and capsule slots, responses
+//! matched by CID, keyed SGLs into the queue's region and per-I/O memory windows with their
+//! remote invalidation, silent command SENDs, drains.
+//!
+//! One rig lives for the process: three sides, each a raw listener on a soft device and a host
+//! fabric with small host poll groups (40 request objects, queues of depth 16 at most): in-process
+//! with every command SEND signaled, in-process with lone commands silent (`silent_answers` 2),
+//! and soft TCP over loopback; the input's first byte picks (mod 3). Each side keeps one queue
+//! connected for the process (the anchor) so that its host poll group, and the counters the last
+//! rule reads, live across inputs. Rules (a panic is what libFuzzer reports):
+//! - no panic;
+//! - a connect is answered (a queue or a typed error); the host's CM private data names the queue
+//!   and the depth it asked (cut to the group's maximum), and the queue's depth is what the
+//!   target's accept allows;
+//! - every capsule the target receives is a command the host accepted and has not sent before,
+//!   byte for byte (the SQE and any in-capsule data): a capsule slot rewritten while its SEND
+//!   could still go shows here;
+//! - the host reports a CQE only for a command it accepted and has not reported yet (a CID
+//!   submitted twice while in flight is refused);
+//! - a queue whose target did nothing that may break a connection (a malformed or oversized
+//!   response, an RDMA access outside the command's key, an invalidation of a key the command did
+//!   not offer, a disconnect) stays connected, and the target's side of it sees no error;
+//! - while the target also sent nothing that could answer the wrong command (a CQE with another
+//!   CID, a CQE of its own making), the queue is trusted: each CQE the host reports is the one the
+//!   target sent for that command, a Read answered after its RDMA WRITE shows exactly those bytes
+//!   in the host's view of its range (after `poll`, or `poll_lazy` and `fetch`), and the target's
+//!   RDMA READ of a Write's range returns what the host submitted;
+//! - at a settle (the target posts every receive and answers every capsule it holds, well
+//!   formed) every command of a connected queue is reported, except those whose answer the target
+//!   sent under another CID;
+//! - once the input's queues are dropped, the side's host poll group holds only its anchor: one
+//!   qpair, no request object, no receive slot held or queued; none of the counters that are bugs
+//!   if they grow (stale completions, kind mismatches, receive-slot errors) moved, nor a drain
+//!   forced by its timeout.
+//!
+//! A wait that a working host ends at once gives up after [`PATIENCE`]: a hang is reported as a
+//! panic naming what was awaited.
+//!
+//! Input: a first byte (which side, mod 3), then records of a control byte (bits 0-2 the
+//! operation, 3-4 the queue slot, 5-7 flags) and the operation's bytes:
+//! - 0 connect (the first 8 of an input), 2 bytes (qid, depth): depth 1 + byte mod 16; flag 0 the
+//!   admin queue, else qid 1-3. The target: flag 1 refuses (an NVMe-oF reject with a status from
+//!   the qid byte, or a bare one when its bit 7 is set); flag 2 accepts with the next bytes as
+//!   private data (a length byte, up to 56); else accepts with CRQSIZE the host's depth, or the
+//!   depth byte's bits 4-6 when its bit 7 is set.
+//! - 1 submit, 4 bytes (kind, offset, length, seed): kind mod 4 a keyed Read, a keyed Write, a
+//!   Write with in-capsule data, a Flush without data; the data in the command's own 4 KiB chunk
+//!   of the region (offset byte * 16, length 1 up to the chunk's end), a Write's bytes from the
+//!   seed. Flag 0: the CID of a command in flight (the host must refuse it); flag 1: the key is
+//!   a per-I/O window (`bind_window`, its invalidation asked); flag 2: `flush` after.
+//! - 2 answer, 3 bytes (which, status, seed): the target answers a capsule it holds (which mod
+//!   their count) as a target does (RDMA WRITE of seed bytes for a Read, RDMA READ for a Write,
+//!   then the CQE; status byte < 192 success, else the byte as status code). Flag 0: the CQE
+//!   carries another CID; flag 1: the data goes outside the command's key; flag 2: the CQE is a
+//!   SEND with invalidate of the command's key (of its window, else of the region's).
+//! - 3 raw response: a length byte (mod 33) and the bytes, sent as they are; flag 0: 16 bytes
+//!   with the CID of a command in flight (the length byte picks which), answering it early or
+//!   twice.
+//! - 4 host poll, a byte: 1 + byte mod 8 polls; flag 0: `poll_lazy` and `fetch`.
+//! - 5 disconnect: flag 0 the target disconnects; flag 1 the target drops its connection
+//!   without a word; else the host drops its queue.
+//! - 6 receives: flag 0 the target stops re-posting receives (host SENDs wait on RNR, retried
+//!   for ever); else it posts them all again.
+//! - 7 settle (the rule above).
+//!
+//! After each record but a submit, both sides poll: submits in a row go out together.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::ops::Range;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nvmf_protocol::cm::{RdmaAccept, RdmaConnectRequest, RdmaReject, RejectStatus};
+use nvmf_protocol::{Cqe, SglDescriptor, Sqe, Status, StatusContext};
+use nvmf_transport::{
+    Access, CmChannel, CmEventKind, CmId, ConnParam, Context, Cq, DeviceSpec, Mr, Pd, ProviderKind,
+    Qp, QpCaps, QpInitAttr, RecvWr, SendFlags, SendOp, SendWr, SoftConfig, SoftFabric, WcStatus,
+    WorkCompletion,
+};
+
+use super::{HostGroupConfig, HostGroupInfo, RdmaFabric, RdmaQueue};
+use crate::queue::{Fabric, HostQueue, QueueConnectParams, QueueError, TransportAddress};
+
+/// How long a wait that a working host ends at once may take before it counts as a hang.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+/// Sides (see the module doc).
+const SIDES: usize = 3;
+/// Queue slots an input drives.
+const SLOTS: usize = 4;
+/// Deepest queue an input asks for (the host groups' `max_queue_depth`).
+const MAX_DEPTH: usize = 16;
+/// Each command in flight owns one chunk of its queue's region.
+const CHUNK: usize = 4096;
+const REGION: usize = MAX_DEPTH * CHUNK;
+/// In-capsule data an I/O queue offers (the admin queue none).
+const IN_CAPSULE: usize = CHUNK;
+/// Connects an input makes at most (each costs a CM round trip).
+const MAX_CONNECTS: usize = 8;
+/// The most private data an RDMA CM accept carries.
+const MAX_PRIVATE_DATA: usize = 56;
+/// Host poll groups: request objects and deepest queue.
+const GROUP_REQUESTS: u32 = 40;
+
+/// The target connection's region: a receive slot per command the host may have in flight
+/// (SQE and in-capsule data), then per answer slot a staging chunk and a response.
+const RECV_SLOT: usize = 64 + IN_CAPSULE;
+const ANSWERS: usize = 32;
+const STAGING_AT: usize = MAX_DEPTH * RECV_SLOT;
+const RESPONSE_AT: usize = STAGING_AT + ANSWERS * CHUNK;
+/// A response slot holds a CQE or a raw response of up to 32 bytes.
+const RESPONSE_SLOT: usize = 32;
+const TARGET_REGION: usize = RESPONSE_AT + ANSWERS * RESPONSE_SLOT;
+/// Receive WR ids are this plus the slot; an answer's WRs `ANSWER_WR + slot * 4 + kind`.
+const RECV_WR: u64 = 0x1000;
+const ANSWER_WR: u64 = 0x10_0000;
+const WR_READ: u64 = 0;
+const WR_WRITE: u64 = 1;
+const WR_SEND: u64 = 2;
+
+const OP_CONNECT: u8 = 0;
+const OP_SUBMIT: u8 = 1;
+const OP_ANSWER: u8 = 2;
+const OP_RAW: u8 = 3;
+const OP_POLL: u8 = 4;
+const OP_DISCONNECT: u8 = 5;
+const OP_RECEIVES: u8 = 6;
+const OP_SETTLE: u8 = 7;
+
+const FLAG_0: u8 = 1 << 5;
+const FLAG_1: u8 = 1 << 6;
+const FLAG_2: u8 = 1 << 7;
+
+const READ: u8 = 0x02;
+const WRITE: u8 = 0x01;
+const FLUSH: u8 = 0x00;
+
+/// How far the inputs run so far got (the tests check that the seeds reach every rule).
+#[derive(Debug, Default, Clone, Copy)]
+struct Reached {
+    connects: u64,
+    capsules: u64,
+    reports: u64,
+    /// Reads whose data the host's view showed, and Writes whose data the target read.
+    reads_checked: u64,
+    writes_checked: u64,
+    windows: u64,
+    settled: u64,
+}
+
+static REACHED: Mutex<Reached> = Mutex::new(Reached {
+    connects: 0,
+    capsules: 0,
+    reports: 0,
+    reads_checked: 0,
+    writes_checked: 0,
+    windows: 0,
+    settled: 0,
+});
+
+fn reached(count: impl FnOnce(&mut Reached)) {
+    count(&mut REACHED.lock().unwrap_or_else(|p| p.into_inner()));
+}
+
+/// Runs one input; panics when a rule of the module doc breaks.
+pub fn hostile_target(data: &[u8]) {
+    let rig = rig()
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some((&first, mut rest)) = data.split_first() else {
+        return;
+    };
+    let side = &rig.sides[usize::from(first) % SIDES];
+    let mut run = Run {
+        side,
+        slots: std::array::from_fn(|_| None),
+        connects: 0,
+        next_cid: 1,
+        next_token: 1,
+    };
+    while let Some((&control, tail)) = rest.split_first() {
+        rest = tail;
+        let slot = usize::from(control >> 3) % SLOTS;
+        match control & 0b111 {
+            OP_CONNECT => {
+                let (head, tail) = take(rest, 2);
+                rest = tail;
+                let private = if control & FLAG_2 != 0 {
+                    let (len, tail) = take(rest, 1);
+                    let len = usize::from(len[0]) % (MAX_PRIVATE_DATA + 1);
+                    let (bytes, tail) = tail.split_at(len.min(tail.len()));
+                    rest = tail;
+                    Some(bytes.to_vec())
+                } else {
+                    None
+                };
+                if run.connects < MAX_CONNECTS {
+                    run.connects += 1;
+                    run.connect(slot, control, head[0], head[1], private);
+                }
+            }
+            OP_SUBMIT => {
+                let (head, tail) = take(rest, 4);
+                rest = tail;
+                run.submit(slot, control, [head[0], head[1], head[2], head[3]]);
+            }
+            OP_ANSWER => {
+                let (head, tail) = take(rest, 3);
+                rest = tail;
+                if let Some(s) = run.slots[slot].as_mut() {
+                    s.answer(control, head[0], head[1], head[2]);
+                }
+            }
+            OP_RAW => {
+                let (len, tail) = take(rest, 1);
+                let (bytes, tail) = tail.split_at((usize::from(len[0]) % 33).min(tail.len()));
+                rest = tail;
+                if let Some(s) = run.slots[slot].as_mut() {
+                    s.raw_response(bytes, (control & FLAG_0 != 0).then_some(len[0]));
+                }
+            }
+            OP_POLL => {
+                let (n, tail) = take(rest, 1);
+                rest = tail;
+                if let Some(s) = run.slots[slot].as_mut() {
+                    for _ in 0..=n[0] % 8 {
+                        s.target_poll();
+                        s.host_poll(control & FLAG_0 != 0);
+                    }
+                }
+            }
+            OP_DISCONNECT => {
+                if let Some(s) = run.slots[slot].as_mut() {
+                    if control & FLAG_0 != 0 {
+                        s.fatal = true;
+                        let _ = s.target.id.disconnect();
+                    } else if control & FLAG_1 != 0 {
+                        s.fatal = true;
+                        s.target.vanish();
+                    } else if let Some(s) = run.slots[slot].take() {
+                        s.close();
+                    }
+                }
+            }
+            OP_RECEIVES => {
+                if let Some(s) = run.slots[slot].as_mut() {
+                    s.target.hold = control & FLAG_0 != 0;
+                    if !s.target.hold {
+                        s.target.post_receives();
+                    }
+                }
+            }
+            OP_SETTLE => run.settle(),
+            _ => unreachable!("three bits"),
+        }
+        // Submits in a row go out together, as a batch does (at the next poll, or a flush).
+        if control & 0b111 != OP_SUBMIT {
+            run.poll_all();
+        }
+    }
+    run.settle();
+    for slot in run.slots.iter_mut() {
+        if let Some(s) = slot.take() {
+            s.close();
+        }
+    }
+    side.wait_idle();
+    // The soft TCP CM's threads of the input's connections end on their own after the
+    // connections went; joined here, so that nothing of theirs is held when the leak checker
+    // looks after the input. (Other tests of a unit-test process may hold CM threads too: the
+    // wait is bounded and not a rule.)
+    nvmf_transport::soft::join_finished_cm_threads(rig.cm_threads, Duration::from_secs(1));
+}
+
+/// The first `n` bytes of `bytes` (fewer when it is shorter, padded with zeroes), and the rest.
+fn take(bytes: &[u8], n: usize) -> (std::borrow::Cow<'_, [u8]>, &[u8]) {
+    if bytes.len() >= n {
+        (bytes[..n].into(), &bytes[n..])
+    } else {
+        let mut padded = bytes.to_vec();
+        padded.resize(n, 0);
+        (padded.into(), &[])
+    }
+}
+
+/// One raw listener and the host fabric that connects to it (see the module doc).
+struct Side {
+    addr: SocketAddr,
+    fabric: RdmaFabric,
+    /// The CM channel of the listener and of every connection it accepted.
+    channel: CmChannel,
+    /// The queue that keeps the host poll group alive, and its target connection (set once
+    /// it connected).
+    anchor: Mutex<Option<(RdmaQueue, TargetConn)>>,
+    _listener: CmId,
+    _ctx: Context,
+    name: &'static str,
+    /// The host's transport name for this side.
+    transport: &'static str,
+}
+
+struct Rig {
+    sides: [Side; SIDES],
+    /// The soft TCP CM's threads the rig's own connections keep (listeners, anchors).
+    cm_threads: usize,
+}
+
+fn rig() -> &'static Mutex<Rig> {
+    static RIG: OnceLock<Mutex<Rig>> = OnceLock::new();
+    RIG.get_or_init(|| Mutex::new(Rig::start()))
+}
+
+impl Rig {
+    fn start() -> Rig {
+        let kinds = [
+            ("in-process", SoftFabric::InProcess, 0),
+            ("in-process, silent", SoftFabric::InProcess, 2),
+            ("soft TCP", SoftFabric::Tcp, 0),
+        ];
+        let sides = std::array::from_fn(|index| {
+            let (name, fabric, silent_answers) = kinds[index];
+            // Addresses no other soft device of the process uses (unit tests share it).
+            let ip = Ipv4Addr::new(127, 0, 78, 1 + index as u8);
+            let addr = SocketAddr::from((ip, 4420));
+            let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+                name: format!("hostile-target{}-{index}", std::process::id()),
+                fabric,
+                ip,
+                ..SoftConfig::default()
+            }))
+            .expect("soft device");
+            let channel = CmChannel::new(ProviderKind::Soft).expect("CM channel");
+            let listener = channel.listen(addr, 16, 0).expect("listen");
+            let transport = match fabric {
+                SoftFabric::InProcess => "soft",
+                SoftFabric::Tcp => "soft-tcp",
+            };
+            let fabric = RdmaFabric::new(transport, None)
+                .expect("host fabric")
+                .group_config(HostGroupConfig {
+                    max_queues: 8,
+                    max_queue_depth: MAX_DEPTH as u32,
+                    requests: GROUP_REQUESTS,
+                    silent_answers,
+                });
+            let side = Side {
+                addr,
+                fabric,
+                channel,
+                anchor: Mutex::new(None),
+                _listener: listener,
+                _ctx: ctx,
+                name,
+                transport,
+            };
+            let anchor = side.connect_queue(1, 1, 0, TargetAnswer::Accept(None));
+            let (Ok(queue), Some(target)) = anchor else {
+                panic!("{name}: the anchor queue did not connect");
+            };
+            *side.anchor.lock().unwrap_or_else(|p| p.into_inner()) = Some((queue, target));
+            side
+        });
+        // Each connection's threads are up once it is established.
+        let cm_threads = nvmf_transport::soft::join_finished_cm_threads(0, Duration::ZERO);
+        Rig { sides, cm_threads }
+    }
+}
+
+/// How the target answers a connect request.
+enum TargetAnswer {
+    /// Accept, with this private data (None: a well-formed accept of the host's depth).
+    Accept(Option<Vec<u8>>),
+    /// Accept with this CRQSIZE.
+    AcceptDepth(u16),
+    /// Refuse: with an NVMe-oF reject of this status, or bare (None).
+    Reject(Option<RejectStatus>),
+}
+
+impl Side {
+    /// Connects a host queue of `qid` and `depth` while the target answers as `answer` says:
+    /// the host's result, and the target's connection when it accepted.
+    fn connect_queue(
+        &self,
+        qid: u16,
+        depth: u16,
+        token: u64,
+        answer: TargetAnswer,
+    ) -> (
+        Result<RdmaQueue, crate::queue::ConnectError>,
+        Option<TargetConn>,
+    ) {
+        let params = QueueConnectParams {
+            address: TransportAddress {
+                transport: self.transport.into(),
+                address: self.addr.ip().to_string(),
+                service: self.addr.port().to_string(),
+            },
+            qid,
+            hrqsize: depth,
+            hsqsize: depth - 1,
+            cntlid: if qid == 0 { 0xFFFF } else { 1 },
+            data_region_len: REGION,
+            in_capsule_data: if qid == 0 { 0 } else { IN_CAPSULE },
+        };
+        std::thread::scope(|scope| {
+            let host = scope.spawn(|| self.fabric.connect(&params));
+            let mut target = None;
+            let deadline = Instant::now() + PATIENCE;
+            // The host may fail before it asks (its group full): then nothing comes.
+            while target.is_none() && !host.is_finished() {
+                assert!(
+                    Instant::now() < deadline,
+                    "{}: no connect request from the host",
+                    self.name
+                );
+                match self.channel.poll_event().expect("CM channel") {
+                    Some(event) => {
+                        if let CmEventKind::ConnectRequest { private_data, .. } = &event.kind {
+                            let id = event.id.expect("a connect request brings its id");
+                            target = Some(TargetConn::answer(
+                                id,
+                                private_data,
+                                &params,
+                                token,
+                                &answer,
+                            ));
+                        }
+                    }
+                    None => std::thread::yield_now(),
+                }
+            }
+            let queue = host
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            let target = target.flatten();
+            if let (Ok(q), Some(t)) = (&queue, &target) {
+                // The queue's depth is what the accept allows.
+                let expected = match &answer {
+                    TargetAnswer::AcceptDepth(crq) => (*crq).clamp(1, t.depth),
+                    TargetAnswer::Accept(Some(private)) => RdmaAccept::decode(private)
+                        .map(|a| a.crqsize)
+                        .unwrap_or(t.depth)
+                        .clamp(1, t.depth),
+                    _ => t.depth,
+                };
+                assert_eq!(q.depth(), expected, "{}: queue depth", self.name);
+            }
+            if let (Ok(_), None) = (&queue, &target) {
+                panic!("{}: a queue connected that the target refused", self.name);
+            }
+            (queue, target)
+        })
+    }
+
+    /// Waits until the side's host poll group holds only its anchor (the last rule).
+    fn wait_idle(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut anchor = self.anchor.lock().unwrap_or_else(|p| p.into_inner());
+        let (queue, target) = anchor.as_mut().expect("the anchor connected at the start");
+        let mut out = [Cqe::default(); 4];
+        loop {
+            target.target_poll_quiet();
+            let polled = queue.poll(&mut out);
+            assert!(
+                matches!(polled, Ok(0)),
+                "{}: the anchor queue {polled:?}",
+                self.name
+            );
+            let groups = self.fabric.host_groups();
+            let idle = groups.len() == 1 && groups.iter().all(idle);
+            if idle {
+                let s = &groups[0].stats;
+                assert_eq!(
+                    (
+                        s.stale_completions,
+                        s.kind_mismatches,
+                        s.recv_slot_errors,
+                        s.drained_timeout
+                    ),
+                    (0, 0, 0, 0),
+                    "{}: stale completions, kind mismatches, receive-slot errors, drains \
+                     forced by the timeout",
+                    self.name
+                );
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: the host poll group did not go back to its anchor alone: {groups:?}",
+                self.name
+            );
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn idle(g: &HostGroupInfo) -> bool {
+    g.queues == 1
+        && g.qpairs == 1
+        && g.requests_in_use == 0
+        && g.recv_held == 0
+        && g.recv_queued == 0
+}
+
+/// One input's queues.
+struct Run<'a> {
+    side: &'a Side,
+    slots: [Option<Slot>; SLOTS],
+    connects: usize,
+    next_cid: u16,
+    next_token: u64,
+}
+
+impl Run<'_> {
+    fn connect(
+        &mut self,
+        slot: usize,
+        control: u8,
+        qid_byte: u8,
+        depth_byte: u8,
+        private: Option<Vec<u8>>,
+    ) {
+        if let Some(old) = self.slots[slot].take() {
+            old.close();
+        }
+        let qid = if control & FLAG_0 != 0 {
+            0
+        } else {
+            1 + u16::from(qid_byte % 3)
+        };
+        let depth = 1 + u16::from(depth_byte) % MAX_DEPTH as u16;
+        let answer = if control & FLAG_1 != 0 {
+            let status = RejectStatus::from_raw(u16::from((qid_byte >> 2) % 8 + 1));
+            TargetAnswer::Reject((qid_byte & 0x80 == 0).then_some(status))
+        } else if private.is_some() {
+            TargetAnswer::Accept(private)
+        } else if depth_byte & 0x80 != 0 {
+            TargetAnswer::AcceptDepth(u16::from((depth_byte >> 4) & 7))
+        } else {
+            TargetAnswer::Accept(None)
+        };
+        let token = self.next_token;
+        self.next_token += 1;
+        let (queue, target) = self.side.connect_queue(qid, depth, token, answer);
+        if let (Ok(queue), Some(target)) = (queue, target) {
+            reached(|r| r.connects += 1);
+            self.slots[slot] = Some(Slot {
+                queue: Some(queue),
+                target,
+                sent: Vec::new(),
+                chunks: [false; MAX_DEPTH],
+                fatal: false,
+                trusted: true,
+                lost: false,
+                name: self.side.name,
+            });
+        }
+    }
+
+    fn submit(&mut self, slot: usize, control: u8, bytes: [u8; 4]) {
+        let cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        if let Some(s) = self.slots[slot].as_mut() {
+            s.submit(control, bytes, cid);
+        }
+    }
+
+    fn poll_all(&mut self) {
+        for s in self.slots.iter_mut().flatten() {
+            s.target_poll();
+            s.host_poll(false);
+        }
+        // Events of connections that went already.
+        while let Some(event) = self.side.channel.poll_event().expect("CM channel") {
+            let Some(s) = self
+                .slots
+                .iter_mut()
+                .flatten()
+                .find(|s| s.target.token == event.token)
+            else {
+                continue;
+            };
+            if matches!(event.kind, CmEventKind::Disconnected) {
+                s.target.broken = true;
+                assert!(
+                    s.fatal,
+                    "{}: the target's connection was disconnected without cause",
+                    s.name
+                );
+            }
+        }
+    }
+
+    /// The target posts every receive and answers every capsule; every command of a connected
+    /// queue must be reported (the settle rule).
+    fn settle(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        for s in self.slots.iter_mut().flatten() {
+            s.target.hold = false;
+            s.target.post_receives();
+        }
+        loop {
+            for s in self.slots.iter_mut().flatten() {
+                while !s.target.pending.is_empty()
+                    && !s.target.broken
+                    && s.target.free_answer().is_some()
+                {
+                    s.answer(0, 0, 0, 0x5a);
+                }
+            }
+            self.poll_all();
+            let owing: Vec<_> = self
+                .slots
+                .iter()
+                .flatten()
+                .filter(|s| s.owes())
+                .map(|s| {
+                    (
+                        s.target.qid,
+                        s.sent
+                            .iter()
+                            .filter(|c| c.owed())
+                            .map(|c| c.cid)
+                            .collect::<Vec<_>>(),
+                    )
+                })
+                .collect();
+            if owing.is_empty() {
+                reached(|r| r.settled += 1);
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: commands never reported (qid, CIDs): {owing:?}",
+                self.side.name
+            );
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A command the host accepted.
+struct Sent {
+    cid: u16,
+    sqe: [u8; 64],
+    /// In-capsule data.
+    in_capsule: Vec<u8>,
+    chunk: usize,
+    /// Data named by a keyed SGL.
+    keyed: Option<Keyed>,
+    /// A Write's bytes as the host submitted them.
+    bytes: Vec<u8>,
+    /// The target received the capsule.
+    delivered: bool,
+    /// The CQE the target sent for it, and what its RDMA WRITE put into the range.
+    answer: Option<(Cqe, Option<Vec<u8>>)>,
+    /// The target answered it under another CID: its own CQE is not owed.
+    disowned: bool,
+    reported: bool,
+}
+
+/// A command's keyed SGL.
+struct Keyed {
+    /// The region range it names.
+    range: Range<usize>,
+    address: u64,
+    key: u32,
+    /// The key is a per-I/O window whose invalidation the command asks.
+    window: bool,
+    /// Data goes to the host (a Read).
+    to_host: bool,
+}
+
+impl Sent {
+    fn owed(&self) -> bool {
+        !self.reported && !self.disowned
+    }
+}
+
+/// A host queue and its target connection.
+struct Slot {
+    queue: Option<RdmaQueue>,
+    target: TargetConn,
+    sent: Vec<Sent>,
+    /// Region chunks owned by commands in flight.
+    chunks: [bool; MAX_DEPTH],
+    /// The target did something that may break the connection.
+    fatal: bool,
+    /// The target sent nothing that could answer the wrong command.
+    trusted: bool,
+    /// The host reported the queue lost.
+    lost: bool,
+    name: &'static str,
+}
+
+impl Slot {
+    fn queue(&mut self) -> &mut RdmaQueue {
+        self.queue
+            .as_mut()
+            .expect("a slot's queue lives until it closes")
+    }
+
+    /// A host error: a lost queue must have a cause.
+    fn host_error(&mut self, e: &QueueError, what: &str) {
+        if let QueueError::Disconnected(why) = e {
+            assert!(
+                self.fatal,
+                "{}: qid {} lost at {what} without cause: {why}",
+                self.name, self.target.qid
+            );
+            self.lost = true;
+        }
+    }
+
+    fn submit(&mut self, control: u8, [kind, offset, length, seed]: [u8; 4], cid: u16) {
+        if self.lost {
+            return;
+        }
+        let Some(chunk) = self.chunks.iter().position(|used| !used) else {
+            return;
+        };
+        let duplicate = control & FLAG_0 != 0;
+        let cid = match self.sent.iter().rev().find(|c| !c.reported) {
+            Some(c) if duplicate => c.cid,
+            _ => cid,
+        };
+        let in_flight = self.sent.iter().any(|c| c.cid == cid && !c.reported);
+        let offset = usize::from(offset) * 16 % CHUNK;
+        let length = 1 + (usize::from(length) * 16 + usize::from(seed & 15)) % (CHUNK - offset);
+        let at = chunk * CHUNK + offset;
+        let range = at..at + length;
+        let bytes: Vec<u8> = (0..length)
+            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+            .collect();
+        let (opcode, keyed, in_capsule) = match kind % 4 {
+            0 => (READ, Some(true), false),
+            1 => (WRITE, Some(false), false),
+            2 => (WRITE, None, true),
+            _ => (FLUSH, None, false),
+        };
+        let mut sqe = Sqe::new(opcode, cid, 1);
+        let mut keyed_sgl = None;
+        if let Some(to_host) = keyed {
+            let region = self.queue().region();
+            let (address, key, invalidate) = if control & FLAG_1 != 0 {
+                match self.queue().bind_window(range.clone()) {
+                    Ok(Some((address, key))) => {
+                        reached(|r| r.windows += 1);
+                        (address, key, true)
+                    }
+                    Ok(None) => (region.address + at as u64, region.key, false),
+                    Err(e) => {
+                        self.host_error(&e, "bind_window");
+                        return;
+                    }
+                }
+            } else {
+                (region.address + at as u64, region.key, false)
+            };
+            let sgl = SglDescriptor::keyed(address, length as u32, key, invalidate)
+                .expect("a chunk is under 16 MiB");
+            sqe.set_sgl1(sgl);
+            keyed_sgl = Some(Keyed {
+                range: range.clone(),
+                address,
+                key,
+                window: invalidate,
+                to_host,
+            });
+        } else if in_capsule {
+            sqe.set_sgl1(SglDescriptor::DataBlockOffset {
+                offset: 0,
+                length: length as u32,
+            });
+        }
+        if opcode == WRITE {
+            self.queue().region_bytes_mut()[range.clone()].copy_from_slice(&bytes);
+        }
+        let submitted = self
+            .queue()
+            .submit(&sqe, in_capsule.then_some(range.clone()));
+        match submitted {
+            Ok(()) => {
+                assert!(
+                    !in_flight,
+                    "{}: qid {} accepted CID {cid:#x} while it is in flight",
+                    self.name, self.target.qid
+                );
+                self.chunks[chunk] = true;
+                self.sent.push(Sent {
+                    cid,
+                    sqe: sqe.to_bytes(),
+                    in_capsule: if in_capsule {
+                        bytes.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    chunk,
+                    keyed: keyed_sgl,
+                    bytes,
+                    delivered: false,
+                    answer: None,
+                    disowned: false,
+                    reported: false,
+                });
+            }
+            Err(e) => self.host_error(&e, "submit"),
+        }
+        if control & FLAG_2 != 0 && !self.lost {
+            if let Err(e) = self.queue().flush() {
+                self.host_error(&e, "flush");
+            }
+        }
+    }
+
+    /// Polls the host queue and checks each CQE it reports (the CQE and data rules).
+    fn host_poll(&mut self, lazy: bool) {
+        if self.lost {
+            return;
+        }
+        let mut out = [Cqe::default(); 8];
+        let polled = if lazy {
+            self.queue().poll_lazy(&mut out)
+        } else {
+            self.queue().poll(&mut out)
+        };
+        let n = match polled {
+            Ok(n) => n,
+            Err(e) => {
+                self.host_error(&e, "poll");
+                return;
+            }
+        };
+        for cqe in &out[..n] {
+            let Some(i) = self
+                .sent
+                .iter()
+                .position(|c| c.cid == cqe.cid && !c.reported)
+            else {
+                panic!(
+                    "{}: qid {} reported CID {:#x}, which is not in flight: {cqe:?}",
+                    self.name, self.target.qid, cqe.cid
+                );
+            };
+            self.sent[i].reported = true;
+            reached(|r| r.reports += 1);
+            self.chunks[self.sent[i].chunk] = false;
+            let range = self.sent[i].keyed.as_ref().map(|k| k.range.clone());
+            if lazy {
+                if let Some(range) = range.clone() {
+                    self.queue()
+                        .fetch(range)
+                        .expect("a fetch of a reported command's range");
+                }
+            }
+            if !self.trusted {
+                continue;
+            }
+            let sent = &self.sent[i];
+            let Some((answer, wrote)) = &sent.answer else {
+                panic!(
+                    "{}: qid {} reported CID {:#x}, which the target did not answer: {cqe:?}",
+                    self.name, self.target.qid, cqe.cid
+                );
+            };
+            // The host copies only the fields a CQE has; the phase tag is not its business.
+            let expected = Cqe {
+                phase: cqe.phase,
+                ..*answer
+            };
+            assert_eq!(
+                *cqe, expected,
+                "{}: qid {} reported another CQE than the target sent",
+                self.name, self.target.qid
+            );
+            if let (Some(wrote), Some(range)) = (wrote, range) {
+                let view = &self.queue.as_ref().expect("open").region_bytes()[range];
+                assert!(
+                    view == &wrote[..],
+                    "{}: qid {} CID {:#x}: the host's view of a Read differs from what the \
+                     target wrote",
+                    self.name,
+                    self.target.qid,
+                    cqe.cid
+                );
+                reached(|r| r.reads_checked += 1);
+            }
+        }
+        self.sent.retain(|c| !(c.reported && c.delivered));
+    }
+
+    /// Reaps the target's CQ and checks each capsule against what the host accepted.
+    fn target_poll(&mut self) {
+        let Slot {
+            target,
+            sent,
+            fatal,
+            trusted,
+            name,
+            ..
+        } = self;
+        for event in target.poll() {
+            match event {
+                TargetEvent::Capsule { capsule } => {
+                    let cid = u16::from_le_bytes([capsule[2], capsule[3]]);
+                    let Some(c) = sent.iter_mut().find(|c| c.cid == cid && !c.delivered) else {
+                        panic!(
+                            "{name}: qid {}: a capsule the host did not submit (CID {cid:#x}): \
+                             {:?}",
+                            target.qid,
+                            Sqe::decode(&capsule[..64.min(capsule.len())])
+                        );
+                    };
+                    assert!(
+                        capsule.len() == 64 + c.in_capsule.len()
+                            && capsule[..64] == c.sqe
+                            && capsule[64..] == c.in_capsule[..],
+                        "{name}: qid {}: the capsule of CID {cid:#x} is not what the host \
+                         submitted",
+                        target.qid
+                    );
+                    c.delivered = true;
+                    reached(|r| r.capsules += 1);
+                    target.pending.push(cid);
+                }
+                TargetEvent::Read { cid, data } => {
+                    let Some(c) = sent.iter().find(|c| c.cid == cid && c.delivered) else {
+                        continue;
+                    };
+                    if *trusted && !c.reported {
+                        assert!(
+                            data == c.bytes,
+                            "{name}: qid {}: the target's RDMA READ of CID {cid:#x} differs \
+                             from what the host submitted",
+                            target.qid
+                        );
+                        reached(|r| r.writes_checked += 1);
+                    }
+                }
+                TargetEvent::Error(status) => {
+                    assert!(
+                        *fatal,
+                        "{name}: qid {}: the target's side failed without cause: {status:?}",
+                        target.qid
+                    );
+                }
+            }
+        }
+        self.sent.retain(|c| !(c.reported && c.delivered));
+    }
+
+    /// The target answers a capsule it holds (see the module doc, operation 2).
+    fn answer(&mut self, control: u8, which: u8, status: u8, seed: u8) {
+        if self.target.pending.is_empty() || self.target.broken {
+            return;
+        }
+        let Some(slot) = self.target.free_answer() else {
+            return;
+        };
+        let cid = self
+            .target
+            .pending
+            .remove(usize::from(which) % self.target.pending.len());
+        let Some(i) = self.sent.iter().position(|c| c.cid == cid && c.delivered) else {
+            return;
+        };
+        let mut answer_cid = cid;
+        if control & FLAG_0 != 0 {
+            answer_cid = cid ^ (1 + u16::from(seed));
+            self.trusted = false;
+            self.sent[i].disowned = true;
+        }
+        let status = if status < 192 {
+            Status::SUCCESS
+        } else {
+            Status::from_field(u16::from(status) << 1, StatusContext::Nvm)
+        };
+        self.target.sqhd = self.target.sqhd.wrapping_add(1) % self.target.depth;
+        let cqe = Cqe {
+            dw0: u32::from(seed),
+            dw1: 0,
+            sqhd: self.target.sqhd,
+            sqid: self.target.qid,
+            cid: answer_cid,
+            status,
+            phase: false,
+        };
+        let sent = &self.sent[i];
+        let mut data = None;
+        let mut invalidate = None;
+        if control & FLAG_2 != 0 {
+            // Only a window the command offered for invalidation may be invalidated; the
+            // region's key may not (the host's QP fails).
+            self.fatal |= !sent.keyed.as_ref().is_some_and(|k| k.window);
+            invalidate = Some(match &sent.keyed {
+                Some(k) => k.key,
+                None => self.queue.as_ref().expect("open").region().key,
+            });
+        }
+        let step = match &sent.keyed {
+            Some(Keyed {
+                range,
+                address,
+                key,
+                to_host,
+                ..
+            }) => {
+                let (address, key) = if control & FLAG_1 != 0 {
+                    // Past the range with the region's key lands in another command's chunk.
+                    self.fatal = true;
+                    self.trusted = false;
+                    // Past the key's end (a window) or with a key nobody has.
+                    if seed & 1 == 0 {
+                        (address + range.len() as u64, *key)
+                    } else {
+                        (*address, key ^ 0x5a00)
+                    }
+                } else {
+                    (*address, *key)
+                };
+                if *to_host {
+                    let bytes: Vec<u8> = (0..range.len())
+                        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+                        .collect();
+                    data = Some(bytes.clone());
+                    AnswerStep::Write {
+                        address,
+                        key,
+                        bytes,
+                    }
+                } else {
+                    AnswerStep::Read {
+                        address,
+                        key,
+                        len: range.len(),
+                    }
+                }
+            }
+            None => AnswerStep::None,
+        };
+        if control & FLAG_0 == 0 {
+            self.sent[i].answer = Some((cqe, data));
+        }
+        self.target
+            .post_answer(slot, cid, step, &cqe.to_bytes(), invalidate);
+    }
+
+    /// A response the input made (see the module doc, operation 3); `in_flight` picks a
+    /// command whose CID it carries.
+    fn raw_response(&mut self, bytes: &[u8], in_flight: Option<u8>) {
+        if self.target.broken {
+            return;
+        }
+        let Some(slot) = self.target.free_answer() else {
+            return;
+        };
+        let mut response = [0u8; 16];
+        let bytes = match in_flight {
+            Some(which) => {
+                let flying: Vec<u16> = self
+                    .sent
+                    .iter()
+                    .filter(|c| !c.reported)
+                    .map(|c| c.cid)
+                    .collect();
+                let Some(&cid) = flying.get(usize::from(which) % flying.len().max(1)) else {
+                    return;
+                };
+                let n = bytes.len().min(16);
+                response[..n].copy_from_slice(&bytes[..n]);
+                response[12..14].copy_from_slice(&cid.to_le_bytes());
+                &response[..]
+            }
+            None => bytes,
+        };
+        if bytes.len() == 16 {
+            self.trusted = false;
+        } else {
+            self.fatal = true;
+        }
+        self.target
+            .post_answer(slot, 0, AnswerStep::None, bytes, None);
+    }
+
+    /// The host's queue has commands it must still report (the settle rule).
+    fn owes(&self) -> bool {
+        !self.fatal && !self.lost && self.sent.iter().any(Sent::owed)
+    }
+
+    /// The host drops its queue, then the target its connection.
+    fn close(mut self) {
+        drop(self.queue.take());
+        self.target.vanish();
+    }
+}
+
+/// What an answer does before its CQE.
+enum AnswerStep {
+    None,
+    /// RDMA WRITE `bytes` to the host.
+    Write {
+        address: u64,
+        key: u32,
+        bytes: Vec<u8>,
+    },
+    /// RDMA READ `len` bytes from the host; the CQE goes once it completes.
+    Read {
+        address: u64,
+        key: u32,
+        len: usize,
+    },
+}
+
+/// What the target's CQ brought.
+enum TargetEvent {
+    /// A capsule (its bytes).
+    Capsule { capsule: Vec<u8> },
+    /// An answer's RDMA READ of command `cid` completed with `data`.
+    Read { cid: u16, data: Vec<u8> },
+    /// An error completion.
+    Error(WcStatus),
+}
+
+/// An answer slot in use: the command, and the CQE waiting for its RDMA READ.
+struct Answer {
+    cid: u16,
+    waiting: Option<(usize, Option<u32>, usize)>,
+}
+
+/// The target's side of one connection: its QP, CQ and region (receive slots, per answer a
+/// staging chunk and a response slot).
+struct TargetConn {
+    id: CmId,
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+    _pd: Pd,
+    token: u64,
+    qid: u16,
+    /// The host's depth (HSQSIZE + 1): receive slots.
+    depth: u16,
+    sqhd: u16,
+    /// Receive slots with a receive posted.
+    posted: [bool; MAX_DEPTH],
+    /// Stop re-posting receives.
+    hold: bool,
+    /// CIDs of capsules received and not answered yet, in arrival order.
+    pending: Vec<u16>,
+    answers: [Option<Answer>; ANSWERS],
+    /// An error completion or a disconnect came.
+    broken: bool,
+}
+
+impl TargetConn {
+    /// Answers a connect request as `answer` says; the connection when it accepted.
+    fn answer(
+        mut id: CmId,
+        private_data: &[u8],
+        params: &QueueConnectParams,
+        token: u64,
+        answer: &TargetAnswer,
+    ) -> Option<TargetConn> {
+        let request = RdmaConnectRequest::decode(private_data)
+            .expect("the host's connect carries NVMe-oF private data");
+        let asked = (params.hsqsize + 1)
+            .min(params.hrqsize)
+            .min(MAX_DEPTH as u16);
+        assert!(
+            request.qid == params.qid
+                && request.hrqsize == request.hsqsize + 1
+                && request.hrqsize >= 1
+                && request.hrqsize <= asked
+                && request.cntlid == params.cntlid,
+            "the host's connect private data {request:?} does not match {params:?}"
+        );
+        let reject = |id: &mut CmId, status: Option<RejectStatus>| {
+            let data = status.map(|s| RdmaReject::new(s).to_bytes().to_vec());
+            id.reject(data.as_deref().unwrap_or(&[])).expect("reject");
+        };
+        if let TargetAnswer::Reject(status) = answer {
+            reject(&mut id, *status);
+            return None;
+        }
+        let depth = request.hrqsize;
+        id.set_token(token);
+        let ctx = id.context().expect("device");
+        let pd = ctx.alloc_pd().expect("pd");
+        let cq = ctx
+            .create_cq((MAX_DEPTH + 2 * ANSWERS) as u32, None)
+            .expect("cq");
+        let qp = id
+            .create_qp(
+                &pd,
+                &QpInitAttr {
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    srq: None,
+                    caps: QpCaps {
+                        max_send_wr: (2 * ANSWERS) as u32,
+                        max_recv_wr: MAX_DEPTH as u32,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: 0,
+                    },
+                    sq_sig_all: true,
+                },
+            )
+            .expect("target QP");
+        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let mr = pd.alloc_mr(TARGET_REGION, access).expect("target region");
+        let mut conn = TargetConn {
+            id,
+            qp,
+            cq,
+            mr,
+            _pd: pd,
+            token,
+            qid: request.qid,
+            depth,
+            sqhd: 0,
+            posted: [false; MAX_DEPTH],
+            hold: false,
+            pending: Vec::new(),
+            answers: std::array::from_fn(|_| None),
+            broken: false,
+        };
+        conn.post_receives();
+        let private_data = match answer {
+            TargetAnswer::Accept(Some(bytes)) => bytes.clone(),
+            TargetAnswer::AcceptDepth(crqsize) => RdmaAccept {
+                recfmt: 0,
+                crqsize: *crqsize,
+            }
+            .to_bytes()
+            .to_vec(),
+            _ => RdmaAccept {
+                recfmt: 0,
+                crqsize: depth,
+            }
+            .to_bytes()
+            .to_vec(),
+        };
+        conn.id
+            .accept(&ConnParam {
+                private_data,
+                responder_resources: 0,
+                initiator_depth: 16,
+                retry_count: 7,
+                rnr_retry_count: 7,
+            })
+            .expect("accept");
+        Some(conn)
+    }
+
+    /// Posts a receive into every slot without one.
+    fn post_receives(&mut self) {
+        for slot in 0..usize::from(self.depth) {
+            if !self.posted[slot] && !self.broken {
+                let sge = self.mr.sge(slot * RECV_SLOT, RECV_SLOT as u32);
+                let wr = RecvWr {
+                    wr_id: RECV_WR + slot as u64,
+                    sges: &[sge],
+                };
+                if self.qp.post_recv(&[wr]).is_err() {
+                    self.broken = true;
+                    return;
+                }
+                self.posted[slot] = true;
+            }
+        }
+    }
+
+    fn free_answer(&self) -> Option<usize> {
+        self.answers.iter().position(Option::is_none)
+    }
+
+    /// Posts an answer in `slot`: its data step, then `response` (at once, or after an RDMA
+    /// READ completes).
+    fn post_answer(
+        &mut self,
+        slot: usize,
+        cid: u16,
+        step: AnswerStep,
+        response: &[u8],
+        invalidate: Option<u32>,
+    ) {
+        let staging = STAGING_AT + slot * CHUNK;
+        let response_at = RESPONSE_AT + slot * RESPONSE_SLOT;
+        self.mr
+            .write_at(response_at, response)
+            .expect("inside the region");
+        let wr = |kind: u64| ANSWER_WR + slot as u64 * 4 + kind;
+        let mut answer = Answer { cid, waiting: None };
+        let posted = match step {
+            AnswerStep::Read { address, key, len } => {
+                answer.waiting = Some((response.len(), invalidate, len));
+                self.qp.post_send(&[SendWr {
+                    wr_id: wr(WR_READ),
+                    op: SendOp::RdmaRead {
+                        remote_addr: address,
+                        rkey: key,
+                    },
+                    sges: &[self.mr.sge(staging, len as u32)],
+                    flags: SendFlags::SIGNALED,
+                }])
+            }
+            AnswerStep::Write {
+                address,
+                key,
+                bytes,
+            } => {
+                self.mr
+                    .write_at(staging, &bytes)
+                    .expect("inside the region");
+                let send = send_response(
+                    &self.mr,
+                    response_at,
+                    response.len(),
+                    invalidate,
+                    wr(WR_SEND),
+                );
+                self.qp.post_send(&[
+                    SendWr {
+                        wr_id: wr(WR_WRITE),
+                        op: SendOp::RdmaWrite {
+                            remote_addr: address,
+                            rkey: key,
+                        },
+                        sges: &[self.mr.sge(staging, bytes.len() as u32)],
+                        flags: SendFlags::SIGNALED,
+                    },
+                    send.wr(),
+                ])
+            }
+            AnswerStep::None => {
+                let send = send_response(
+                    &self.mr,
+                    response_at,
+                    response.len(),
+                    invalidate,
+                    wr(WR_SEND),
+                );
+                self.qp.post_send(&[send.wr()])
+            }
+        };
+        if posted.is_err() {
+            self.broken = true;
+            return;
+        }
+        self.answers[slot] = Some(answer);
+    }
+
+    /// Reaps the CQ: capsules (receive slots re-posted unless held), finished READs (their
+    /// CQE then goes), errors.
+    fn poll(&mut self) -> Vec<TargetEvent> {
+        let mut events = Vec::new();
+        let mut wcs = [WorkCompletion::default(); 16];
+        loop {
+            let n = self.cq.poll(&mut wcs).expect("target CQ");
+            for wc in &wcs[..n] {
+                if wc.status != WcStatus::Success && !self.broken {
+                    self.broken = true;
+                    events.push(TargetEvent::Error(wc.status));
+                }
+                if (RECV_WR..RECV_WR + MAX_DEPTH as u64).contains(&wc.wr_id) {
+                    let slot = (wc.wr_id - RECV_WR) as usize;
+                    self.posted[slot] = false;
+                    if wc.status == WcStatus::Success {
+                        let at = slot * RECV_SLOT;
+                        let capsule = self
+                            .mr
+                            .read_vec(at..at + wc.byte_len as usize)
+                            .expect("inside the region");
+                        events.push(TargetEvent::Capsule { capsule });
+                    }
+                    continue;
+                }
+                let slot = ((wc.wr_id - ANSWER_WR) / 4) as usize;
+                let kind = (wc.wr_id - ANSWER_WR) % 4;
+                if wc.status != WcStatus::Success || kind == WR_SEND {
+                    self.answers[slot] = None;
+                    continue;
+                }
+                if kind != WR_READ {
+                    continue;
+                }
+                let Some(Answer {
+                    cid,
+                    waiting: Some((response_len, invalidate, len)),
+                }) = self.answers[slot].take()
+                else {
+                    continue;
+                };
+                let staging = STAGING_AT + slot * CHUNK;
+                let data = self
+                    .mr
+                    .read_vec(staging..staging + len)
+                    .expect("inside the region");
+                events.push(TargetEvent::Read { cid, data });
+                let response_at = RESPONSE_AT + slot * RESPONSE_SLOT;
+                let send = send_response(
+                    &self.mr,
+                    response_at,
+                    response_len,
+                    invalidate,
+                    ANSWER_WR + slot as u64 * 4 + WR_SEND,
+                );
+                if self.qp.post_send(&[send.wr()]).is_err() {
+                    self.broken = true;
+                } else {
+                    self.answers[slot] = Some(Answer { cid, waiting: None });
+                }
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+        if !self.hold {
+            self.post_receives();
+        }
+        events
+    }
+
+    /// Reaps the CQ of a connection nobody sends on (the anchor's): anything it brings is a
+    /// rule broken.
+    fn target_poll_quiet(&mut self) {
+        let events = self.poll();
+        assert!(
+            events.is_empty(),
+            "the anchor's target connection got traffic"
+        );
+    }
+
+    /// Drops the connection without a word: the QP goes, the peer hears nothing from the CM.
+    fn vanish(&mut self) {
+        self.broken = true;
+        let _ = self.qp.modify_to_err();
+    }
+}
+
+/// A response SEND (with invalidate when asked).
+struct ResponseSend {
+    wr_id: u64,
+    sge: nvmf_transport::Sge,
+    invalidate: Option<u32>,
+}
+
+impl ResponseSend {
+    fn wr(&self) -> SendWr<'_> {
+        SendWr {
+            wr_id: self.wr_id,
+            op: match self.invalidate {
+                Some(rkey) => SendOp::SendWithInv { rkey },
+                None => SendOp::Send,
+            },
+            sges: std::slice::from_ref(&self.sge),
+            flags: SendFlags::SIGNALED,
+        }
+    }
+}
+
+fn send_response(
+    mr: &Mr,
+    at: usize,
+    len: usize,
+    invalidate: Option<u32>,
+    wr_id: u64,
+) -> ResponseSend {
+    ResponseSend {
+        wr_id,
+        sge: mr.sge(at, len as u32),
+        invalidate,
+    }
+}
+
+/// Seed inputs (see the module), and the files `scripts/fuzz.sh` gives the fuzzer.
+#[path = "fuzzing_seeds.rs"]
+pub mod seeds;
+
+#[cfg(test)]
+mod tests {
+    use super::seeds::seeds;
+    use super::*;
+
+    #[test]
+    fn every_seed_keeps_the_rules() {
+        let before = *REACHED.lock().unwrap();
+        for (name, input) in seeds() {
+            eprintln!("seed {name}");
+            hostile_target(&input);
+        }
+        // Other tests of the process add to the counts; these seeds alone reach each one.
+        let after = *REACHED.lock().unwrap();
+        eprintln!("{before:?} -> {after:?}");
+        assert!(after.connects >= before.connects + 18, "{after:?}");
+        assert!(after.capsules > before.capsules + 60, "{after:?}");
+        assert!(after.reports > before.reports + 60, "{after:?}");
+        assert!(after.reads_checked > before.reads_checked + 9, "{after:?}");
+        assert!(
+            after.writes_checked > before.writes_checked + 9,
+            "{after:?}"
+        );
+        assert!(after.windows > before.windows + 9, "{after:?}");
+        assert!(after.settled > before.settled + 15, "{after:?}");
+    }
+
+    /// The files under fuzz/seeds are what `seeds()` builds (rewritten with NVMF_WRITE_SEEDS=1).
+    #[test]
+    fn seed_files_are_current() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fuzz/seeds/fuzz_host_queue_hostile_target");
+        let seeds = seeds();
+        if std::env::var_os("NVMF_WRITE_SEEDS").is_some() {
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("seed directory");
+            for (name, input) in &seeds {
+                std::fs::write(dir.join(name), input).expect("seed file");
+            }
+        }
+        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+            .expect("fuzz/seeds/fuzz_host_queue_hostile_target")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        on_disk.sort();
+        let mut names: Vec<String> = seeds.iter().map(|(n, _)| (*n).to_owned()).collect();
+        names.sort();
+        assert_eq!(on_disk, names, "rewrite with NVMF_WRITE_SEEDS=1");
+        for (name, input) in &seeds {
+            let file = std::fs::read(dir.join(name)).expect("seed file");
+            assert!(
+                file == *input,
+                "{name} differs: rewrite with NVMF_WRITE_SEEDS=1"
+            );
+        }
+    }
+
+    #[test]
+    fn seeded_garbage_keeps_the_rules() {
+        // xorshift: the same inputs on every run.
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..60 {
+            let mut data = vec![next() as u8];
+            // Most inputs start from a connected I/O queue so that commands flow.
+            data.extend([OP_CONNECT, 0, 15]);
+            let len = (next() % 400) as usize;
+            data.extend((0..len).map(|_| next() as u8));
+            hostile_target(&data);
+        }
+    }
+}
