@@ -324,9 +324,10 @@ impl Rig {
         ];
         let sides = std::array::from_fn(|index| {
             let (name, fabric, silent_answers) = kinds[index];
-            // Addresses no other soft device of the process uses (unit tests share it).
+            // Addresses no other soft device of the process uses (unit tests share it); over
+            // TCP a port the kernel picks, so that a unit-test run and a fuzzer do not collide.
             let ip = Ipv4Addr::new(127, 0, 78, 1 + index as u8);
-            let addr = SocketAddr::from((ip, 4420));
+            let port = if fabric == SoftFabric::Tcp { 0 } else { 4420 };
             let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
                 name: format!("hostile-target{}-{index}", std::process::id()),
                 fabric,
@@ -335,7 +336,10 @@ impl Rig {
             }))
             .expect("soft device");
             let channel = CmChannel::new(ProviderKind::Soft).expect("CM channel");
-            let listener = channel.listen(addr, 16, 0).expect("listen");
+            let listener = channel
+                .listen(SocketAddr::from((ip, port)), 16, 0)
+                .expect("listen");
+            let addr = listener.local_addr().expect("a listener has its address");
             let transport = match fabric {
                 SoftFabric::InProcess => "soft",
                 SoftFabric::Tcp => "soft-tcp",
