@@ -62,7 +62,9 @@
 //! - 3 raw response: a length byte (mod 33) and the bytes, sent as they are; flag 0: 16 bytes
 //!   with the CID of a command in flight (the length byte picks which), answering it early or
 //!   twice.
-//! - 4 host poll, a byte: 1 + byte mod 8 polls; flag 0: `poll_lazy` and `fetch`.
+//! - 4 host poll, a byte: 1 + byte mod 8 polls; flag 0: `poll_lazy` and `fetch`; flag 1: as a
+//!   poller driving many queues does, through the completion group (`poll_ready`), then every
+//!   queue: one it did not name must have nothing to report (no CQE, no loss).
 //! - 5 disconnect: flag 0 the target disconnects; flag 1 the target drops its connection
 //!   without a word; else the host drops its queue.
 //! - 6 receives: flag 0 the target stops re-posting receives (host SENDs wait on RNR, retried
@@ -227,10 +229,12 @@ pub fn hostile_target(data: &[u8]) {
             OP_POLL => {
                 let (n, tail) = take(rest, 1);
                 rest = tail;
-                if let Some(s) = run.slots[slot].as_mut() {
-                    for _ in 0..=n[0] % 8 {
+                for _ in 0..=n[0] % 8 {
+                    if control & FLAG_1 != 0 {
+                        run.poll_ready(control & FLAG_0 != 0);
+                    } else if let Some(s) = run.slots[slot].as_mut() {
                         s.target_poll();
-                        s.host_poll(control & FLAG_0 != 0);
+                        s.host_poll(control & FLAG_0 != 0, false);
                     }
                 }
             }
@@ -574,10 +578,34 @@ impl Run<'_> {
         }
     }
 
+    /// Polls the group through `poll_ready`, then each queue: those it did not name must
+    /// have nothing to report.
+    fn poll_ready(&mut self, lazy: bool) {
+        let Some((mut group, _)) = self
+            .slots
+            .iter()
+            .flatten()
+            .find_map(|s| s.queue.as_ref().and_then(|q| q.completion_group()))
+        else {
+            return;
+        };
+        let mut ready = Vec::new();
+        group.poll_ready(&mut ready);
+        for s in self.slots.iter_mut().flatten() {
+            s.target_poll();
+            let unnamed = s
+                .queue
+                .as_ref()
+                .and_then(|q| q.completion_group())
+                .is_some_and(|(g, token)| g.id() == group.id() && !ready.contains(&token));
+            s.host_poll(lazy, unnamed);
+        }
+    }
+
     fn poll_all(&mut self) {
         for s in self.slots.iter_mut().flatten() {
             s.target_poll();
-            s.host_poll(false);
+            s.host_poll(false, false);
         }
         // Events of connections that went already.
         while let Some(event) = self.side.channel.poll_event().expect("CM channel") {
@@ -822,8 +850,9 @@ impl Slot {
         }
     }
 
-    /// Polls the host queue and checks each CQE it reports (the CQE and data rules).
-    fn host_poll(&mut self, lazy: bool) {
+    /// Polls the host queue and checks each CQE it reports (the CQE and data rules);
+    /// `unnamed`: the group's `poll_ready` did not name this queue, so it must report nothing.
+    fn host_poll(&mut self, lazy: bool, unnamed: bool) {
         if self.lost {
             return;
         }
@@ -833,6 +862,12 @@ impl Slot {
         } else {
             self.queue().poll(&mut out)
         };
+        assert!(
+            !unnamed || matches!(polled, Ok(0)),
+            "{}: qid {}: poll_ready did not name the queue, which then reported {polled:?}",
+            self.name,
+            self.target.qid
+        );
         let n = match polled {
             Ok(n) => n,
             Err(e) => {

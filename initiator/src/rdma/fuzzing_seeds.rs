@@ -80,6 +80,28 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         held.extend([OP_SETTLE]);
         out.push((name("held_receives", suffix), held));
 
+        // A poller driving the queues through the group's ready list.
+        let mut ready = vec![side];
+        ready.extend(connect(0));
+        ready.extend(connect(1));
+        ready.extend(connect(2));
+        for n in 0..6 {
+            ready.extend(submit(n % 3, FLAG_2, n % 4, n));
+        }
+        ready.extend([OP_POLL | FLAG_1, 2]);
+        for n in 0..3 {
+            ready.extend(answer(n, 0, 0));
+            ready.extend([OP_POLL | FLAG_1, 1]);
+        }
+        ready.extend([
+            OP_DISCONNECT | 2 << 3 | FLAG_0,
+            OP_POLL | FLAG_1 | FLAG_0,
+            3,
+        ]);
+        ready.extend(answer(1, 0, 0));
+        ready.extend([OP_POLL | FLAG_1 | FLAG_0, 3, OP_SETTLE]);
+        out.push((name("ready_list", suffix), ready));
+
         // Commands submitted in a row, on two queues of the group, go out in one poll.
         let mut batched = vec![side];
         batched.extend(connect(0));
