@@ -150,6 +150,17 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         oversized.extend([OP_POLL, 3]);
         out.push((name("oversized_response", suffix), oversized));
 
+        // A CID submitted again while its CQE waits in its queue's side (another queue's poll
+        // reaped it): the queue must refuse it until the consumer polled the first.
+        let mut reuse = vec![side];
+        reuse.extend([OP_CONNECT | 1 << 3 | FLAG_0, 9, 13]);
+        reuse.extend([OP_CONNECT, 0, 0]);
+        reuse.extend(submit(0, FLAG_2, KEYED_READ, 1));
+        reuse.extend([OP_RECEIVES | 1 << 3 | FLAG_0]);
+        reuse.extend(answer(0, 0, 3));
+        reuse.extend(submit(0, FLAG_0 | FLAG_1, KEYED_READ, 0));
+        out.push((name("cid_reuse", suffix), reuse));
+
         // Connects the target refuses, accepts with garbage, or with a smaller CRQSIZE.
         let mut refused = vec![side];
         refused.extend([OP_CONNECT | FLAG_1, 0x04, 15]);

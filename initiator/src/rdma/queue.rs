@@ -2,9 +2,10 @@
 //! ([`super::group`]), its registered data region, and the matching of responses to commands
 //! by CID (in its [`Side`] of the group).
 //!
-//! Life of a command: `submit` takes a request object (`PollGroup::submit`), writes the SQE
-//! into its 64-byte buffer, posts the SEND (any in-capsule data as a second SGE over the
-//! region), and files the request under its CID. The SEND goes on the wire at the end of the
+//! Life of a command: `submit` refuses a CID that is in flight or whose CQE waits to be polled
+//! (the consumer could not tell the two completions apart), takes a request object
+//! (`PollGroup::submit`), writes the SQE into its 64-byte buffer, posts the SEND (any in-capsule
+//! data as a second SGE over the region), and files the request under its CID. The SEND goes on the wire at the end of the
 //! group's next poll, or at once on `flush` (the end of a submit batch). A response is routed by the group to this
 //! queue's side, matched by CID and handed to the group (`response_received`); the group
 //! calls `request_complete` once the SEND completed too (or, for a SEND of the SQE alone that
@@ -106,7 +107,8 @@ impl RdmaQueue {
         }
     }
 
-    /// Region range a keyed SGL (address, length, key) names.
+    /// Region range a keyed SGL (address, length, key) names. Inlined: on the submit path.
+    #[inline(always)]
     fn keyed_range(
         &self,
         side: &Side,
@@ -223,9 +225,9 @@ impl RdmaQueue {
         if let Some(why) = &side.lost {
             return Err(Failed::Lost(why.clone()));
         }
-        if side.by_cid.contains(sqe.cid) {
+        if side.cid_busy(sqe.cid) {
             return Err(Failed::Refused(QueueError::Invalid(format!(
-                "CID {} already in flight",
+                "CID {} already in flight (or its CQE not yet polled)",
                 sqe.cid
             ))));
         }

@@ -64,6 +64,29 @@ impl Side {
         }
     }
 
+    /// A command with `cid` is in flight, or its CQE waits to be reported: a new command may
+    /// not take the CID yet (the consumer could not tell the two completions apart).
+    #[inline]
+    pub(super) fn cid_busy(&self, cid: u16) -> bool {
+        self.by_cid.contains(cid) || (!self.done.is_empty() && self.cid_waits(cid))
+    }
+
+    /// A CQE of `cid` waits to be polled. Out of line: consumers poll before they submit, so
+    /// the submit path rarely finds CQEs waiting.
+    #[inline(never)]
+    fn cid_waits(&self, cid: u16) -> bool {
+        self.done.iter().any(|(cqe, _)| cqe.cid == cid)
+    }
+
+    /// A response of `len` bytes came: not a CQE, the queue is lost.
+    #[cold]
+    #[inline(never)]
+    fn lose_to_length(&mut self, len: usize) {
+        self.lose(format!(
+            "malformed response: {len} bytes, not a {CQE_SIZE}-byte CQE"
+        ));
+    }
+
     pub(super) fn lose(&mut self, why: String) {
         if self.lost.is_none() {
             tracing::debug!(qid = self.qid, %why, "queue lost");
@@ -78,14 +101,11 @@ impl Side {
         // A response is a CQE and nothing else (NVMe-oF RDMA carries no data in it): longer is
         // as malformed as shorter. The receive slots are larger (the poll group's capsule
         // header), so the device does not refuse it as the Linux host's 16-byte buffers would.
-        if capsule.len() != CQE_SIZE {
-            self.lose(format!(
-                "malformed response: {} bytes, not a {CQE_SIZE}-byte CQE",
-                capsule.len()
-            ));
+        let Ok(bytes) = <&[u8; CQE_SIZE]>::try_from(capsule) else {
+            self.lose_to_length(capsule.len());
             return;
-        }
-        let cqe = match Cqe::decode(capsule) {
+        };
+        let cqe = match Cqe::decode(bytes) {
             Ok(c) => c,
             Err(e) => {
                 self.lose(format!("malformed response: {e}"));
