@@ -15,7 +15,8 @@
 //! - `windows.rs`: per-I/O keys (`bind_window`), a pool of memory windows per queue, where the
 //!   device has them;
 //! - `fuzzing.rs`: queues against a hostile raw target, with the rules they must keep (feature
-//!   `fuzzing`, and the unit tests).
+//!   `fuzzing`, and the unit tests); the raw target's connection in `fuzzing_target.rs`, seed
+//!   inputs in `fuzzing_seeds.rs`.
 
 mod by_cid;
 #[cfg(any(test, feature = "fuzzing"))]
