@@ -21,8 +21,8 @@
 //! - every capsule the target receives is a command the host accepted and has not sent before,
 //!   byte for byte (the SQE and any in-capsule data): a capsule slot rewritten while its SEND
 //!   could still go shows here;
-//! - the host reports a CQE only for a command it accepted and has not reported yet (a CID
-//!   submitted twice while in flight is refused);
+//! - the host reports a CQE only for a command it accepted and has not reported yet (a CID is
+//!   refused while its command is in flight or its CQE not yet reported);
 //! - a queue whose target did nothing that may break a connection (a malformed or oversized
 //!   response, an RDMA access outside the command's key, an invalidation of a key the command did
 //!   not offer, a disconnect) stays connected, and the target's side of it sees no error;
@@ -65,8 +65,8 @@
 //! - 4 host poll, a byte: 1 + byte mod 8 polls; flag 0: `poll_lazy` and `fetch`; flag 1: as a
 //!   poller driving many queues does, through the completion group (`poll_ready`), then every
 //!   queue: one it did not name must have nothing to report (no CQE, no loss).
-//! - 5 disconnect: flag 0 the target disconnects; flag 1 the target drops its connection
-//!   without a word; else the host drops its queue.
+//! - 5 disconnect: flag 0 the target disconnects; flag 1 the target moves its QP to the error
+//!   state without a word to the CM; else the host drops its queue.
 //! - 6 receives: flag 0 the target stops re-posting receives (host SENDs wait on RNR, retried
 //!   for ever); else it posts them all again.
 //! - 7 settle (the rule above).

@@ -375,7 +375,8 @@ impl TargetConn {
         );
     }
 
-    /// Drops the connection without a word: the QP goes, the peer hears nothing from the CM.
+    /// Fails the connection without a word to the CM: the QP goes to the error state (its work
+    /// flushed), the peer hears no disconnect. The connection itself goes when dropped.
     pub(super) fn vanish(&mut self) {
         self.broken = true;
         let _ = self.qp.modify_to_err();
