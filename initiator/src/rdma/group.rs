@@ -454,6 +454,7 @@ impl HostGroup {
     }
 
     fn info(&self) -> HostGroupInfo {
+        let (_, recv_queued, recv_held) = self.pg.recv_accounting();
         HostGroupInfo {
             home: self.home,
             device: self.pg.context().name().to_string(),
@@ -461,8 +462,8 @@ impl HostGroup {
             reserved: self.reserved.iter().sum(),
             qpairs: self.pg.qpair_count(),
             requests_in_use: self.pg.requests_in_use(),
-            recv_held: self.pg.recv_accounting().2,
-            recv_queued: self.pg.recv_accounting().1,
+            recv_held,
+            recv_queued,
             polls: self.polls,
             stats: self.pg.stats(),
         }

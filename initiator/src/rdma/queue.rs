@@ -5,14 +5,15 @@
 //! Life of a command: `submit` refuses a CID that is in flight or whose CQE waits to be polled
 //! (the consumer could not tell the two completions apart), takes a request object
 //! (`PollGroup::submit`), writes the SQE into its 64-byte buffer, posts the SEND (any in-capsule
-//! data as a second SGE over the region), and files the request under its CID. The SEND goes on the wire at the end of the
-//! group's next poll, or at once on `flush` (the end of a submit batch). A response is routed by the group to this
-//! queue's side, matched by CID and handed to the group (`response_received`); the group
-//! calls `request_complete` once the SEND completed too (or, for a SEND of the SQE alone that
-//! went without a completion of its own, at the response: the request object, whose capsule
-//! slot the device may still read, is held until a later completion), and only then is the
-//! CQE queued for `poll`. A qpair that drains (peer disconnect, error, flush) makes this queue lost, and only
-//! this one: `poll` and `submit` report `Disconnected` from then on and queued CQEs are
+//! data as a second SGE over the region), and files the request under its CID. The SEND goes on
+//! the wire at the end of the group's next poll, or at once on `flush` (the end of a submit
+//! batch). A response is routed by the group to this queue's side, matched by CID and handed to
+//! the group (`response_received`); the group calls `request_complete` once the SEND completed
+//! too (or, for a SEND of the SQE alone that went without a completion of its own, at the
+//! response: the request object, whose capsule slot the device may still read, is held until a
+//! later completion), and only then is the CQE queued for `poll`. A response that is not exactly
+//! a CQE, like a qpair that drains (peer disconnect, error, flush), makes this queue lost, and
+//! only this one: `poll` and `submit` report `Disconnected` from then on and queued CQEs are
 //! dropped with the connection (the initiator fails what was in flight).
 //!
 //! Polling: a queue polls the group's CQ only when no other queue did since its own last poll,
