@@ -822,6 +822,11 @@ impl Slot {
         }
     }
 
+    /// Forgets the commands both reported and delivered (nothing of them is checked any more).
+    fn forget_finished(&mut self) {
+        self.sent.retain(|c| !(c.reported && c.delivered));
+    }
+
     /// Polls the host queue and checks each CQE it reports (the CQE and data rules);
     /// `unnamed`: the group's `poll_ready` did not name this queue, so it must report nothing.
     fn host_poll(&mut self, lazy: bool, unnamed: bool) {
@@ -902,7 +907,7 @@ impl Slot {
                 reached(|r| r.reads_checked += 1);
             }
         }
-        self.sent.retain(|c| !(c.reported && c.delivered));
+        self.forget_finished();
     }
 
     /// Reaps the target's CQ and checks each capsule against what the host accepted.
@@ -962,7 +967,7 @@ impl Slot {
                 }
             }
         }
-        self.sent.retain(|c| !(c.reported && c.delivered));
+        self.forget_finished();
     }
 
     /// The target answers a capsule it holds (see the module doc, operation 2).

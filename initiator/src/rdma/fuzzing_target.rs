@@ -256,13 +256,7 @@ impl TargetConn {
                 self.mr
                     .write_at(staging, &bytes)
                     .expect("inside the region");
-                let send = send_response(
-                    &self.mr,
-                    response_at,
-                    response.len(),
-                    invalidate,
-                    wr(WR_SEND),
-                );
+                let send = ResponseSend::of(&self.mr, slot, response.len(), invalidate);
                 self.qp.post_send(&[
                     SendWr {
                         wr_id: wr(WR_WRITE),
@@ -277,13 +271,7 @@ impl TargetConn {
                 ])
             }
             AnswerStep::None => {
-                let send = send_response(
-                    &self.mr,
-                    response_at,
-                    response.len(),
-                    invalidate,
-                    wr(WR_SEND),
-                );
+                let send = ResponseSend::of(&self.mr, slot, response.len(), invalidate);
                 self.qp.post_send(&[send.wr()])
             }
         };
@@ -341,14 +329,7 @@ impl TargetConn {
                     .read_vec(staging..staging + len)
                     .expect("inside the region");
                 events.push(TargetEvent::Read { cid, data });
-                let response_at = RESPONSE_AT + slot * RESPONSE_SLOT;
-                let send = send_response(
-                    &self.mr,
-                    response_at,
-                    response_len,
-                    invalidate,
-                    ANSWER_WR + slot as u64 * 4 + WR_SEND,
-                );
+                let send = ResponseSend::of(&self.mr, slot, response_len, invalidate);
                 if self.qp.post_send(&[send.wr()]).is_err() {
                     self.broken = true;
                 } else {
@@ -383,7 +364,7 @@ impl TargetConn {
     }
 }
 
-/// A response SEND (with invalidate when asked).
+/// The response SEND of an answer slot (with invalidate when asked).
 struct ResponseSend {
     wr_id: u64,
     sge: nvmf_transport::Sge,
@@ -391,6 +372,15 @@ struct ResponseSend {
 }
 
 impl ResponseSend {
+    /// The SEND of answer `slot`'s first `len` response bytes.
+    fn of(mr: &Mr, slot: usize, len: usize, invalidate: Option<u32>) -> ResponseSend {
+        ResponseSend {
+            wr_id: ANSWER_WR + slot as u64 * 4 + WR_SEND,
+            sge: mr.sge(RESPONSE_AT + slot * RESPONSE_SLOT, len as u32),
+            invalidate,
+        }
+    }
+
     fn wr(&self) -> SendWr<'_> {
         SendWr {
             wr_id: self.wr_id,
@@ -401,19 +391,5 @@ impl ResponseSend {
             sges: std::slice::from_ref(&self.sge),
             flags: SendFlags::SIGNALED,
         }
-    }
-}
-
-fn send_response(
-    mr: &Mr,
-    at: usize,
-    len: usize,
-    invalidate: Option<u32>,
-    wr_id: u64,
-) -> ResponseSend {
-    ResponseSend {
-        wr_id,
-        sge: mr.sge(at, len as u32),
-        invalidate,
     }
 }
