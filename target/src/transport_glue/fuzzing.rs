@@ -248,6 +248,14 @@ fn take(bytes: &[u8], n: usize) -> (std::borrow::Cow<'_, [u8]>, &[u8]) {
     }
 }
 
+/// A TCP port on `ip` that nothing listens on now.
+fn free_port(ip: Ipv4Addr) -> u16 {
+    std::net::TcpListener::bind((ip, 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free loopback port")
+}
+
 /// One soft device with its transport.
 struct Side {
     addr: SocketAddr,
@@ -273,7 +281,15 @@ fn rig() -> &'static Mutex<Rig> {
 impl Rig {
     fn start() -> Rig {
         // Addresses no other soft device of the process uses (unit tests share the process).
-        let addrs = [1u8, 2, 3].map(|n| SocketAddr::from((Ipv4Addr::new(127, 0, 77, n), 4420)));
+        // The soft TCP side's CM listens on a real socket: its port is one the kernel hands
+        // out, so that this process and a running fuzzer (another process) do not collide. The
+        // target must know the address before its transport starts (the subsystem's listeners
+        // admit connects), hence a port probed free rather than one read back after the bind.
+        let addrs = [1u8, 2, 3].map(|n| {
+            let ip = Ipv4Addr::new(127, 0, 77, n);
+            let port = if n == 3 { free_port(ip) } else { 4420 };
+            SocketAddr::from((ip, port))
+        });
         let mut target = Target::new(Limits::default(), addrs.to_vec());
         let malloc = MallocBdev::new("m0", 512, 1 << 20).expect("malloc bdev");
         let null = NullBdev::new("n0", NULL_BLOCK as u32, 1 << 30).expect("null bdev");
