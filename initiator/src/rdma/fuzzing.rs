@@ -8,12 +8,15 @@
 //! matched by CID, keyed SGLs into the queue's region and per-I/O memory windows with their
 //! remote invalidation, silent command SENDs, drains.
 //!
-//! One rig lives for the process: three sides, each a raw listener on a soft device and a host
+//! One rig lives for the process: four sides, each a raw listener on a soft device and a host
 //! fabric with small host poll groups (40 request objects, queues of depth 16 at most): in-process
 //! with every command SEND signaled, in-process with lone commands silent (`silent_answers` 2),
-//! and soft TCP over loopback; the input's first byte picks (mod 3). Each side keeps one queue
-//! connected for the process (the anchor) so that its host poll group, and the counters the last
-//! rule reads, live across inputs. Rules (a panic is what libFuzzer reports):
+//! soft TCP over loopback, and soft TCP with the queues spread over two reactors' groups as
+//! nvmf-perf places them (qid 1 and 3 on one, qid 2 on the other, admin queues on the control
+//! thread's: three groups, and CQs, on one device); the input's first byte picks (mod 4). Each
+//! side keeps one queue connected per group for the process (the anchors) so that its host poll
+//! groups, and the counters the last rule reads, live across inputs. Rules (a panic is what
+//! libFuzzer reports):
 //! - no panic;
 //! - a connect is answered (a queue or a typed error); the host's CM private data names the queue
 //!   and the depth it asked (cut to the group's maximum), and the queue's depth is what the
@@ -29,20 +32,22 @@
 //! - while the target also sent nothing that could answer the wrong command (a CQE with another
 //!   CID, a CQE of its own making), the queue is trusted: each CQE the host reports is the one the
 //!   target sent for that command, a Read answered after its RDMA WRITE shows exactly those bytes
-//!   in the host's view of its range (after `poll`, or `poll_lazy` and `fetch`), and the target's
-//!   RDMA READ of a Write's range returns what the host submitted;
+//!   in the host's view of its range (after `poll`, or `poll_lazy` and `fetch`), and the Write
+//!   data the target reads (RDMA READ or in-capsule) is what the host submitted, or with
+//!   `submit_lazy` what its registered region held (the bytes earlier Writes copied there and
+//!   the target's RDMA WRITEs put there; unchecked where the harness cannot know them);
 //! - at a settle (the target posts every receive and answers every capsule it holds, well
 //!   formed) every command of a connected queue is reported, except those whose answer the target
 //!   sent under another CID;
-//! - once the input's queues are dropped, the side's host poll group holds only its anchor: one
-//!   qpair, no request object, no receive slot held or queued; none of the counters that are bugs
-//!   if they grow (stale completions, kind mismatches, receive-slot errors) moved, nor a drain
-//!   forced by its timeout.
+//! - once the input's queues are dropped, each of the side's host poll groups holds only its
+//!   anchor: one qpair, no request object, no receive slot held or queued; none of the counters
+//!   that are bugs if they grow (stale completions, kind mismatches, receive-slot errors) moved,
+//!   nor a drain forced by its timeout.
 //!
 //! A wait that a working host ends at once gives up after [`PATIENCE`]: a hang is reported as a
 //! panic naming what was awaited.
 //!
-//! Input: a first byte (which side, mod 3), then records of a control byte (bits 0-2 the
+//! Input: a first byte (which side, mod 4), then records of a control byte (bits 0-2 the
 //! operation, 3-4 the queue slot, 5-7 flags) and the operation's bytes:
 //! - 0 connect (the first 8 of an input), 2 bytes (qid, depth): depth 1 + byte mod 16; flag 0 the
 //!   admin queue, else qid 1-3. The target: flag 1 refuses (an NVMe-oF reject with a status from
@@ -52,8 +57,9 @@
 //! - 1 submit, 4 bytes (kind, offset, length, seed): kind mod 4 a keyed Read, a keyed Write, a
 //!   Write with in-capsule data, a Flush without data; the data in the command's own 4 KiB chunk
 //!   of the region (offset byte * 16, length 1 up to the chunk's end), a Write's bytes from the
-//!   seed. Flag 0: the CID of a command in flight (the host must refuse it); flag 1: the key is
-//!   a per-I/O window (`bind_window`, its invalidation asked); flag 2: `flush` after.
+//!   seed; kind bit 2: `submit_lazy` (a Write's data is whatever the registered region holds).
+//!   Flag 0: the CID of a command in flight (the host must refuse it); flag 1: the key is a
+//!   per-I/O window (`bind_window`, its invalidation asked); flag 2: `flush` after.
 //! - 2 answer, 3 bytes (which, status, seed): the target answers a capsule it holds (which mod
 //!   their count) as a target does (RDMA WRITE of seed bytes for a Read, RDMA READ for a Write,
 //!   then the CQE; status byte < 192 success, else the byte as status code). Flag 0: the CQE
@@ -63,8 +69,8 @@
 //!   with the CID of a command in flight (the length byte picks which), answering it early or
 //!   twice.
 //! - 4 host poll, a byte: 1 + byte mod 8 polls; flag 0: `poll_lazy` and `fetch`; flag 1: as a
-//!   poller driving many queues does, through the completion group (`poll_ready`), then every
-//!   queue: one it did not name must have nothing to report (no CQE, no loss).
+//!   poller driving many queues does, through each completion group (`poll_ready`), then every
+//!   queue: one its group did not name must have nothing to report (no CQE, no loss).
 //! - 5 disconnect: flag 0 the target disconnects; flag 1 the target moves its QP to the error
 //!   state without a word to the CM; else the host drops its queue.
 //! - 6 receives: flag 0 the target stops re-posting receives (host SENDs wait on RNR, retried
@@ -90,7 +96,7 @@ use crate::queue::{Fabric, HostQueue, QueueConnectParams, QueueError, TransportA
 /// How long a wait that a working host ends at once may take before it counts as a hang.
 pub const PATIENCE: Duration = Duration::from_secs(10);
 /// Sides (see the module doc).
-const SIDES: usize = 3;
+const SIDES: usize = 4;
 /// Queue slots an input drives.
 const SLOTS: usize = 4;
 /// Deepest queue an input asks for (the host groups' `max_queue_depth`).
@@ -135,6 +141,8 @@ struct Reached {
     writes_checked: u64,
     windows: u64,
     settled: u64,
+    /// Commands submitted lazily.
+    lazy: u64,
 }
 
 static REACHED: Mutex<Reached> = Mutex::new(Reached {
@@ -145,6 +153,7 @@ static REACHED: Mutex<Reached> = Mutex::new(Reached {
     writes_checked: 0,
     windows: 0,
     settled: 0,
+    lazy: 0,
 });
 
 fn reached(count: impl FnOnce(&mut Reached)) {
@@ -280,9 +289,10 @@ struct Side {
     fabric: RdmaFabric,
     /// The CM channel of the listener and of every connection it accepted.
     channel: CmChannel,
-    /// The queue that keeps the host poll group alive, and its target connection (set once
-    /// it connected).
-    anchor: Mutex<Option<(RdmaQueue, TargetConn)>>,
+    /// One queue per host poll group the side's queues join (qid 1 alone; spread, also qid 2
+    /// and the admin queue), each with its target connection: they keep the groups, and the
+    /// counters the last rule reads, alive across inputs.
+    anchors: Mutex<Vec<(RdmaQueue, TargetConn)>>,
     _listener: CmId,
     _ctx: Context,
     name: &'static str,
@@ -304,12 +314,13 @@ fn rig() -> &'static Mutex<Rig> {
 impl Rig {
     fn start() -> Rig {
         let kinds = [
-            ("in-process", SoftFabric::InProcess, 0),
-            ("in-process, silent", SoftFabric::InProcess, 2),
-            ("soft TCP", SoftFabric::Tcp, 0),
+            ("in-process", SoftFabric::InProcess, 0, 0),
+            ("in-process, silent", SoftFabric::InProcess, 2, 0),
+            ("soft TCP", SoftFabric::Tcp, 0, 0),
+            ("soft TCP, two reactors", SoftFabric::Tcp, 0, 2),
         ];
         let sides = std::array::from_fn(|index| {
-            let (name, fabric, silent_answers) = kinds[index];
+            let (name, fabric, silent_answers, reactors) = kinds[index];
             // Addresses no other soft device of the process uses (unit tests share it); over
             // TCP a port the kernel picks, so that a unit-test run and a fuzzer do not collide.
             let ip = Ipv4Addr::new(127, 0, 78, 1 + index as u8);
@@ -337,22 +348,31 @@ impl Rig {
                     max_queue_depth: MAX_DEPTH as u32,
                     requests: GROUP_REQUESTS,
                     silent_answers,
-                });
+                })
+                .spread(reactors);
             let side = Side {
                 addr,
                 fabric,
                 channel,
-                anchor: Mutex::new(None),
+                anchors: Mutex::new(Vec::new()),
                 _listener: listener,
                 _ctx: ctx,
                 name,
                 transport,
             };
-            let anchor = side.connect_queue(1, 1, 0, TargetAnswer::Accept(None));
-            let (Ok(queue), Some(target)) = anchor else {
-                panic!("{name}: the anchor queue did not connect");
-            };
-            *side.anchor.lock().unwrap_or_else(|p| p.into_inner()) = Some((queue, target));
+            // Spread, qid 1 joins reactor 0's group, qid 2 reactor 1's, the admin queue the
+            // control thread's; else all one group.
+            let anchor_qids: &[u16] = if reactors == 0 { &[1] } else { &[1, 2, 0] };
+            for &qid in anchor_qids {
+                let anchor = side.connect_queue(qid, 1, 0, TargetAnswer::Accept(None));
+                let (Ok(queue), Some(target)) = anchor else {
+                    panic!("{name}: the anchor queue of qid {qid} did not connect");
+                };
+                side.anchors
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((queue, target));
+            }
             side
         });
         // Each connection's threads are up once it is established.
@@ -437,41 +457,46 @@ impl Side {
         })
     }
 
-    /// Waits until the side's host poll group holds only its anchor (the last rule).
+    /// Waits until each of the side's host poll groups holds only its anchor (the last rule).
     fn wait_idle(&self) {
         let deadline = Instant::now() + PATIENCE;
-        let mut anchor = self.anchor.lock().unwrap_or_else(|p| p.into_inner());
-        let (queue, target) = anchor.as_mut().expect("the anchor connected at the start");
+        let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = [Cqe::default(); 4];
         loop {
-            target.target_poll_quiet();
-            let polled = queue.poll(&mut out);
-            assert!(
-                matches!(polled, Ok(0)),
-                "{}: the anchor queue {polled:?}",
-                self.name
-            );
-            let groups = self.fabric.host_groups();
-            let idle = groups.len() == 1 && groups.iter().all(idle);
-            if idle {
-                let s = &groups[0].stats;
-                assert_eq!(
-                    (
-                        s.stale_completions,
-                        s.kind_mismatches,
-                        s.recv_slot_errors,
-                        s.drained_timeout
-                    ),
-                    (0, 0, 0, 0),
-                    "{}: stale completions, kind mismatches, receive-slot errors, drains \
-                     forced by the timeout",
-                    self.name
+            for (queue, target) in anchors.iter_mut() {
+                target.target_poll_quiet();
+                let polled = queue.poll(&mut out);
+                assert!(
+                    matches!(polled, Ok(0)),
+                    "{}: the anchor queue of qid {} {polled:?}",
+                    self.name,
+                    queue.qid()
                 );
+            }
+            let groups = self.fabric.host_groups();
+            let idle = groups.len() == anchors.len() && groups.iter().all(idle);
+            if idle {
+                for group in &groups {
+                    let s = &group.stats;
+                    assert_eq!(
+                        (
+                            s.stale_completions,
+                            s.kind_mismatches,
+                            s.recv_slot_errors,
+                            s.drained_timeout
+                        ),
+                        (0, 0, 0, 0),
+                        "{}: {:?}'s stale completions, kind mismatches, receive-slot errors, \
+                         drains forced by the timeout",
+                        self.name,
+                        group.home
+                    );
+                }
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "{}: the host poll group did not go back to its anchor alone: {groups:?}",
+                "{}: the host poll groups did not go back to their anchors alone: {groups:?}",
                 self.name
             );
             std::thread::yield_now();
@@ -534,6 +559,7 @@ impl Run<'_> {
                 target,
                 sent: Vec::new(),
                 chunks: [false; MAX_DEPTH],
+                registered: vec![None; REGION],
                 fatal: false,
                 trusted: true,
                 lost: false,
@@ -550,26 +576,32 @@ impl Run<'_> {
         }
     }
 
-    /// Polls the group through `poll_ready`, then each queue: those it did not name must
-    /// have nothing to report.
+    /// Polls each group of the input's queues through `poll_ready`, then each queue: one
+    /// its group did not name must have nothing to report.
     fn poll_ready(&mut self, lazy: bool) {
-        let Some((mut group, _)) = self
-            .slots
-            .iter()
-            .flatten()
-            .find_map(|s| s.queue.as_ref().and_then(|q| q.completion_group()))
-        else {
-            return;
-        };
-        let mut ready = Vec::new();
-        group.poll_ready(&mut ready);
+        // (group id, the keys its poll named)
+        let mut named: Vec<(usize, Vec<u64>)> = Vec::new();
+        for s in self.slots.iter().flatten() {
+            let Some((mut group, _)) = s.queue.as_ref().and_then(|q| q.completion_group()) else {
+                continue;
+            };
+            if named.iter().all(|(id, _)| *id != group.id()) {
+                let mut ready = Vec::new();
+                group.poll_ready(&mut ready);
+                named.push((group.id(), ready));
+            }
+        }
         for s in self.slots.iter_mut().flatten() {
             s.target_poll();
             let unnamed = s
                 .queue
                 .as_ref()
                 .and_then(|q| q.completion_group())
-                .is_some_and(|(g, token)| g.id() == group.id() && !ready.contains(&token));
+                .is_some_and(|(group, token)| {
+                    named
+                        .iter()
+                        .any(|(id, ready)| *id == group.id() && !ready.contains(&token))
+                });
             s.host_poll(lazy, unnamed);
         }
     }
@@ -657,8 +689,10 @@ struct Sent {
     chunk: usize,
     /// Data named by a keyed SGL.
     keyed: Option<Keyed>,
-    /// A Write's bytes as the host submitted them.
+    /// A Write's bytes as the target must read them (in the capsule or by RDMA READ).
     bytes: Vec<u8>,
+    /// `bytes` are known (a lazy Write of region bytes the model does not know is not checked).
+    data_known: bool,
     /// The target received the capsule.
     delivered: bool,
     /// The CQE the target sent for it, and what its RDMA WRITE put into the range.
@@ -693,6 +727,9 @@ struct Slot {
     sent: Vec<Sent>,
     /// Region chunks owned by commands in flight.
     chunks: [bool; MAX_DEPTH],
+    /// What the queue's registered region holds, where known: the bytes a copying Write put
+    /// there and those the target's RDMA WRITEs of Read data did (lazy Writes send these).
+    registered: Vec<Option<u8>>,
     /// The target did something that may break the connection.
     fatal: bool,
     /// The target sent nothing that could answer the wrong command.
@@ -747,6 +784,9 @@ impl Slot {
             2 => (WRITE, None, true),
             _ => (FLUSH, None, false),
         };
+        // `submit_lazy`: a Write's data is what the registered region holds (the harness's
+        // model of it), not the host view's bytes.
+        let lazy = kind & 4 != 0;
         let mut sqe = Sqe::new(opcode, cid, 1);
         let mut keyed_sgl = None;
         if let Some(to_host) = keyed {
@@ -785,11 +825,38 @@ impl Slot {
         if opcode == WRITE {
             self.queue().region_bytes_mut()[range.clone()].copy_from_slice(&bytes);
         }
-        let submitted = self
-            .queue()
-            .submit(&sqe, in_capsule.then_some(range.clone()));
+        let inline = in_capsule.then_some(range.clone());
+        let submitted = if lazy {
+            self.queue().submit_lazy(&sqe, inline)
+        } else {
+            self.queue().submit(&sqe, inline)
+        };
+        // What the target will read: the bytes copied into the region, or (lazy) what the
+        // region held, when the model knows every byte of it.
+        let (bytes, data_known) = match (opcode == WRITE, lazy) {
+            (true, false) => {
+                let copied = if submitted.is_ok() {
+                    bytes.iter().copied().map(Some).collect()
+                } else {
+                    // A refused submission may have copied before it failed.
+                    vec![None; bytes.len()]
+                };
+                self.registered[range.clone()].copy_from_slice(&copied);
+                (bytes, true)
+            }
+            (true, true) => {
+                let held: Option<Vec<u8>> =
+                    self.registered[range.clone()].iter().copied().collect();
+                let known = held.is_some();
+                (held.unwrap_or_else(|| vec![0; length]), known)
+            }
+            (false, _) => (bytes, true),
+        };
         match submitted {
             Ok(()) => {
+                if lazy {
+                    reached(|r| r.lazy += 1);
+                }
                 assert!(
                     !in_flight,
                     "{}: qid {} accepted CID {cid:#x} while it is in flight",
@@ -807,6 +874,7 @@ impl Slot {
                     chunk,
                     keyed: keyed_sgl,
                     bytes,
+                    data_known,
                     delivered: false,
                     answer: None,
                     disowned: false,
@@ -935,7 +1003,7 @@ impl Slot {
                     assert!(
                         capsule.len() == 64 + c.in_capsule.len()
                             && capsule[..64] == c.sqe
-                            && capsule[64..] == c.in_capsule[..],
+                            && (!c.data_known || capsule[64..] == c.in_capsule[..]),
                         "{name}: qid {}: the capsule of CID {cid:#x} is not what the host \
                          submitted",
                         target.qid
@@ -948,7 +1016,7 @@ impl Slot {
                     let Some(c) = sent.iter().find(|c| c.cid == cid && c.delivered) else {
                         continue;
                     };
-                    if *trusted && !c.reported {
+                    if *trusted && !c.reported && c.data_known {
                         assert!(
                             data == c.bytes,
                             "{name}: qid {}: the target's RDMA READ of CID {cid:#x} differs \
@@ -1043,6 +1111,13 @@ impl Slot {
                     let bytes: Vec<u8> = (0..range.len())
                         .map(|i| (i as u8).wrapping_mul(13) ^ seed)
                         .collect();
+                    if control & FLAG_1 == 0 {
+                        // Lands in the range before the CQE (RC order); a write elsewhere
+                        // makes the queue untrusted, and nothing is checked after it.
+                        for (cell, byte) in self.registered[range.clone()].iter_mut().zip(&bytes) {
+                            *cell = Some(*byte);
+                        }
+                    }
                     data = Some(bytes.clone());
                     AnswerStep::Write {
                         address,
@@ -1149,6 +1224,7 @@ mod tests {
         );
         assert!(after.windows > before.windows + 9, "{after:?}");
         assert!(after.settled > before.settled + 15, "{after:?}");
+        assert!(after.lazy > before.lazy + 9, "{after:?}");
     }
 
     /// The files under fuzz/seeds are what `seeds()` builds (rewritten with NVMF_WRITE_SEEDS=1).

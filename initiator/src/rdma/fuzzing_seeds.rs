@@ -16,6 +16,8 @@ const KEYED_READ: u8 = 0;
 const KEYED_WRITE: u8 = 1;
 const IN_CAPSULE: u8 = 2;
 const FLUSH: u8 = 3;
+/// Kind bit 2: `submit_lazy`.
+const LAZY: u8 = 4;
 
 /// An I/O queue of depth 16 on `slot`, accepted as asked.
 fn connect(slot: u8) -> Vec<u8> {
@@ -33,7 +35,7 @@ fn answer(slot: u8, flags: u8, which: u8) -> Vec<u8> {
 /// Every seed, by file name, each preceded by the side byte.
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut out = Vec::new();
-    for (side, suffix) in [(0u8, "inproc"), (1, "silent"), (2, "tcp")] {
+    for (side, suffix) in [(0u8, "inproc"), (1, "silent"), (2, "tcp"), (3, "spread")] {
         let mut every_kind = vec![side];
         every_kind.extend(connect(0));
         for (n, kind) in [KEYED_READ, KEYED_WRITE, IN_CAPSULE, FLUSH]
@@ -172,6 +174,52 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         }
         refused.extend([OP_SETTLE]);
         out.push((name("connects", suffix), refused));
+
+        // Lazy submissions send what the registered region holds: a Read's data the target
+        // wrote there, then a Write's bytes copied there, each sent again by a lazy Write of the
+        // same range (the command's chunk and range come back once the first is reported).
+        let mut lazy = vec![side];
+        lazy.extend(connect(0));
+        lazy.extend(submit(0, FLAG_2, KEYED_READ, 1));
+        lazy.extend([OP_POLL, 1]);
+        lazy.extend(answer(0, 0, 0));
+        lazy.extend([OP_POLL, 3]);
+        lazy.extend(submit(0, FLAG_2, LAZY | KEYED_WRITE, 1));
+        lazy.extend([OP_POLL, 1]);
+        lazy.extend(answer(0, 0, 0));
+        lazy.extend([OP_POLL, 3]);
+        lazy.extend(submit(0, FLAG_2, KEYED_WRITE, 5));
+        lazy.extend([OP_POLL, 1]);
+        lazy.extend(answer(0, 0, 0));
+        lazy.extend([OP_POLL | FLAG_0, 3]);
+        lazy.extend(submit(0, FLAG_2, LAZY | IN_CAPSULE, 5));
+        lazy.extend(submit(0, FLAG_1 | FLAG_2, LAZY | KEYED_READ, 2));
+        lazy.extend(submit(0, FLAG_1 | FLAG_2, LAZY | KEYED_WRITE, 3));
+        lazy.extend([OP_SETTLE]);
+        out.push((name("lazy", suffix), lazy));
+
+        // Queues of qid 1, 2 and 3 (spread: two reactors' groups), and an admin queue (the
+        // control thread's), polled through their groups' ready lists.
+        let mut groups = vec![side];
+        for (slot, qid) in [(0u8, 0u8), (1, 1), (2, 2)] {
+            groups.extend([OP_CONNECT | slot << 3, qid, 15]);
+        }
+        groups.extend([OP_CONNECT | 3 << 3 | FLAG_0, 0, 7]);
+        for n in 0..8 {
+            groups.extend(submit(n % 4, FLAG_2, n % 4, n));
+        }
+        groups.extend([OP_POLL | FLAG_1, 2]);
+        for n in 0..4 {
+            groups.extend(answer(n, 0, 0));
+            groups.extend([OP_POLL | FLAG_1, 1]);
+        }
+        groups.extend([
+            OP_DISCONNECT | 1 << 3 | FLAG_0,
+            OP_POLL | FLAG_1 | FLAG_0,
+            3,
+        ]);
+        groups.extend([OP_SETTLE]);
+        out.push((name("groups", suffix), groups));
 
         let mut dropped = vec![side];
         dropped.extend(connect(0));
