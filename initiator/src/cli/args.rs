@@ -46,7 +46,8 @@ pub struct ConnectArgs {
     #[arg(long, default_value_t = 600, allow_hyphen_values = true)]
     pub ctrl_loss_tmo: i64,
     /// Give each I/O's data its own short-lived key (memory window, invalidated by the
-    /// target's response) where the transport supports it, instead of a long-lived key.
+    /// target's response, or by the host before the I/O completes when the target did not)
+    /// where the transport supports it, instead of a long-lived key.
     #[arg(long)]
     pub per_io_keys: bool,
     /// Namespace sizes of the loopback target, e.g. "64M,64M" (loopback transport only).

@@ -25,7 +25,8 @@
 //!   byte for byte (the SQE and any in-capsule data): a capsule slot rewritten while its SEND
 //!   could still go shows here;
 //! - the host reports a CQE only for a command it accepted and has not reported yet (a CID is
-//!   refused while its command is in flight or its CQE not yet reported);
+//!   refused while its command is in flight or its CQE not yet reported), and never one whose
+//!   response invalidated a key other than the command's own window;
 //! - a queue whose target did nothing that may break a connection (a malformed or oversized
 //!   response, an RDMA access outside the command's key, an invalidation of a key the command did
 //!   not offer, a disconnect) stays connected, and the target's side of it sees no error;
@@ -36,6 +37,9 @@
 //!   data the target reads (RDMA READ or in-capsule) is what the host submitted, or with
 //!   `submit_lazy` what its registered region held (the bytes earlier Writes copied there and
 //!   the target's RDMA WRITEs put there; unchecked where the harness cannot know them);
+//! - once the host reported a command whose data went through a per-I/O window, the window's
+//!   key lets the target in no more (the target's invalidation in the response, or the host's
+//!   own before it reports, as the Linux host does): a probe's write through it fails;
 //! - at a settle (the target posts every receive and answers every capsule it holds, well
 //!   formed) every command of a connected queue is reported, except those whose answer the target
 //!   sent under another CID;
@@ -64,10 +68,12 @@
 //!   their count) as a target does (RDMA WRITE of seed bytes for a Read, RDMA READ for a Write,
 //!   then the CQE; status byte < 192 success, else the byte as status code). Flag 0: the CQE
 //!   carries another CID; flag 1: the data goes outside the command's key; flag 2: the CQE is a
-//!   SEND with invalidate of the command's key (of its window, else of the region's).
+//!   SEND with invalidate of the command's key (of its window, else of the region's), or with
+//!   the seed's bit 7 of another command's window when one is in flight.
 //! - 3 raw response: a length byte (mod 33) and the bytes, sent as they are; flag 0: 16 bytes
 //!   with the CID of a command in flight (the length byte picks which), answering it early or
-//!   twice.
+//!   twice. Flag 1 instead: a probe, the target's RDMA WRITE of one byte through the window of
+//!   the command the host reported last (when no window was bound since).
 //! - 4 host poll, a byte: 1 + byte mod 8 polls; flag 0: `poll_lazy` and `fetch`; flag 1: as a
 //!   poller driving many queues does, through each completion group (`poll_ready`), then every
 //!   queue: one its group did not name must have nothing to report (no CQE, no loss).
@@ -143,6 +149,8 @@ struct Reached {
     settled: u64,
     /// Commands submitted lazily.
     lazy: u64,
+    /// Writes through a reported command's window.
+    probes: u64,
 }
 
 static REACHED: Mutex<Reached> = Mutex::new(Reached {
@@ -154,6 +162,7 @@ static REACHED: Mutex<Reached> = Mutex::new(Reached {
     windows: 0,
     settled: 0,
     lazy: 0,
+    probes: 0,
 });
 
 fn reached(count: impl FnOnce(&mut Reached)) {
@@ -214,7 +223,11 @@ pub fn hostile_target(data: &[u8]) {
                 let (bytes, tail) = tail.split_at((usize::from(len[0]) % 33).min(tail.len()));
                 rest = tail;
                 if let Some(s) = run.slots[slot].as_mut() {
-                    s.raw_response(bytes, (control & FLAG_0 != 0).then_some(len[0]));
+                    if control & FLAG_1 != 0 {
+                        s.probe();
+                    } else {
+                        s.raw_response(bytes, (control & FLAG_0 != 0).then_some(len[0]));
+                    }
                 }
             }
             OP_POLL => {
@@ -563,6 +576,7 @@ impl Run<'_> {
                 fatal: false,
                 trusted: true,
                 lost: false,
+                probe_key: None,
                 name: self.side.name,
             });
         }
@@ -699,6 +713,8 @@ struct Sent {
     answer: Option<(Cqe, Option<Vec<u8>>)>,
     /// The target answered it under another CID: its own CQE is not owed.
     disowned: bool,
+    /// Its response invalidated a key other than its own window: never reported.
+    bogus: bool,
     reported: bool,
 }
 
@@ -736,6 +752,9 @@ struct Slot {
     trusted: bool,
     /// The host reported the queue lost.
     lost: bool,
+    /// The window (address, key) of the command reported last, while no window was bound
+    /// since (a probe's target: a reported command's key must let the target in no more).
+    probe_key: Option<(u64, u32)>,
     name: &'static str,
 }
 
@@ -792,6 +811,8 @@ impl Slot {
         if let Some(to_host) = keyed {
             let region = self.queue().region();
             let (address, key, invalidate) = if control & FLAG_1 != 0 {
+                // A bind may reuse the probed window under a key the target may use again.
+                self.probe_key = None;
                 match self.queue().bind_window(range.clone()) {
                     Ok(Some((address, key))) => {
                         reached(|r| r.windows += 1);
@@ -878,6 +899,7 @@ impl Slot {
                     delivered: false,
                     answer: None,
                     disowned: false,
+                    bogus: false,
                     reported: false,
                 });
             }
@@ -931,8 +953,16 @@ impl Slot {
                     self.name, self.target.qid, cqe.cid
                 );
             };
+            assert!(
+                !self.sent[i].bogus,
+                "{}: qid {} reported CID {:#x}, whose response invalidated a key not its own",
+                self.name, self.target.qid, cqe.cid
+            );
             self.sent[i].reported = true;
             reached(|r| r.reports += 1);
+            if let Some(k) = self.sent[i].keyed.as_ref().filter(|k| k.window) {
+                self.probe_key = Some((k.address, k.key));
+            }
             self.chunks[self.sent[i].chunk] = false;
             let range = self.sent[i].keyed.as_ref().map(|k| k.range.clone());
             if lazy {
@@ -1026,6 +1056,11 @@ impl Slot {
                         reached(|r| r.writes_checked += 1);
                     }
                 }
+                TargetEvent::ProbeLanded => panic!(
+                    "{name}: qid {}: the target wrote through the window of a command the host \
+                     had reported: its key was still valid",
+                    target.qid
+                ),
                 TargetEvent::Error(status) => {
                     assert!(
                         *fatal,
@@ -1077,14 +1112,24 @@ impl Slot {
         let sent = &self.sent[i];
         let mut data = None;
         let mut invalidate = None;
+        let mut bogus = false;
         if control & FLAG_2 != 0 {
-            // Only a window the command offered for invalidation may be invalidated; the
-            // region's key may not (the host's QP fails).
-            self.fatal |= !sent.keyed.as_ref().is_some_and(|k| k.window);
-            invalidate = Some(match &sent.keyed {
+            let own = sent.keyed.as_ref().filter(|k| k.window).map(|k| k.key);
+            // Seed bit 7: the window of another command in flight, as a confused target might.
+            let other = self
+                .sent
+                .iter()
+                .filter(|c| seed & 0x80 != 0 && c.cid != cid && !c.reported)
+                .find_map(|c| c.keyed.as_ref().filter(|k| k.window).map(|k| k.key));
+            let key = other.or(own).unwrap_or_else(|| match &sent.keyed {
                 Some(k) => k.key,
                 None => self.queue.as_ref().expect("open").region().key,
             });
+            // Only the window the command offered may be invalidated: another key (the
+            // region's, another command's window) fails the host's QP or loses the queue.
+            bogus = Some(key) != own;
+            self.fatal |= bogus;
+            invalidate = Some(key);
         }
         let step = match &sent.keyed {
             Some(Keyed {
@@ -1136,6 +1181,7 @@ impl Slot {
         };
         if control & FLAG_0 == 0 {
             self.sent[i].answer = Some((cqe, data));
+            self.sent[i].bogus = bogus;
         }
         self.target
             .post_answer(slot, cid, step, &cqe.to_bytes(), invalidate);
@@ -1176,6 +1222,25 @@ impl Slot {
         }
         self.target
             .post_answer(slot, 0, AnswerStep::None, bytes, None);
+    }
+
+    /// The target writes through the window of the command reported last (operation 3, flag
+    /// 1): the host has ended its key before reporting it, so the write must fail (and the
+    /// connection with it).
+    fn probe(&mut self) {
+        if self.target.broken {
+            return;
+        }
+        let Some(slot) = self.target.free_answer() else {
+            return;
+        };
+        let Some((address, key)) = self.probe_key.take() else {
+            return;
+        };
+        self.fatal = true;
+        self.trusted = false;
+        reached(|r| r.probes += 1);
+        self.target.post_probe(slot, address, key);
     }
 
     /// The host's queue has commands it must still report (the settle rule).
@@ -1225,6 +1290,7 @@ mod tests {
         assert!(after.windows > before.windows + 9, "{after:?}");
         assert!(after.settled > before.settled + 15, "{after:?}");
         assert!(after.lazy > before.lazy + 9, "{after:?}");
+        assert!(after.probes >= before.probes + 12, "{after:?}");
     }
 
     /// The files under fuzz/seeds are what `seeds()` builds (rewritten with NVMF_WRITE_SEEDS=1).

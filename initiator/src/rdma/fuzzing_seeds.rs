@@ -221,6 +221,36 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         groups.extend([OP_SETTLE]);
         out.push((name("groups", suffix), groups));
 
+        // Windows the target did not invalidate (and one it did), each probed once its command
+        // was reported: the key must be dead by then.
+        // A response invalidating another command's window: the queue is lost, that response
+        // never reported.
+        let mut bogus = vec![side];
+        bogus.extend(connect(0));
+        bogus.extend(submit(0, FLAG_1, KEYED_READ, 1));
+        bogus.extend(submit(0, FLAG_1 | FLAG_2, KEYED_WRITE, 2));
+        bogus.extend([OP_POLL, 1]);
+        bogus.extend([OP_ANSWER | FLAG_2, 0, 0, 0x80]);
+        bogus.extend([OP_POLL, 3, OP_SETTLE]);
+        out.push((name("bogus_invalidation", suffix), bogus));
+
+        // (A probe that fails breaks its connection: one queue each.)
+        let mut probed = vec![side];
+        for (slot, kind, answer_flags) in [
+            (0u8, KEYED_READ, 0u8),
+            (1, KEYED_READ, FLAG_2),
+            (2, KEYED_WRITE, 0),
+        ] {
+            // Depth 4: three queues fit the group's request objects.
+            probed.extend([OP_CONNECT | slot << 3, 0, 3]);
+            probed.extend(submit(slot, FLAG_1 | FLAG_2, kind, slot));
+            probed.extend([OP_POLL | slot << 3, 1]);
+            probed.extend(answer(slot, answer_flags, 0));
+            probed.extend([OP_SETTLE, OP_RAW | slot << 3 | FLAG_1, 0]);
+            probed.extend([OP_POLL | slot << 3, 3]);
+        }
+        out.push((name("probe", suffix), probed));
+
         let mut dropped = vec![side];
         dropped.extend(connect(0));
         dropped.extend(connect(1));

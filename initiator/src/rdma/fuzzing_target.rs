@@ -27,6 +27,7 @@ const ANSWER_WR: u64 = 0x10_0000;
 const WR_READ: u64 = 0;
 const WR_WRITE: u64 = 1;
 const WR_SEND: u64 = 2;
+const WR_PROBE: u64 = 3;
 
 /// How the target answers a connect request.
 pub(super) enum TargetAnswer {
@@ -61,6 +62,8 @@ pub(super) enum TargetEvent {
     Capsule { capsule: Vec<u8> },
     /// An answer's RDMA READ of command `cid` completed with `data`.
     Read { cid: u16, data: Vec<u8> },
+    /// A probe's RDMA WRITE landed in the host's memory.
+    ProbeLanded,
     /// An error completion.
     Error(WcStatus),
 }
@@ -282,6 +285,28 @@ impl TargetConn {
         self.answers[slot] = Some(answer);
     }
 
+    /// Writes one byte to the host's `address` under `key` from answer `slot` (its completion
+    /// says whether the key let the target in).
+    pub(super) fn post_probe(&mut self, slot: usize, address: u64, key: u32) {
+        let posted = self.qp.post_send(&[SendWr {
+            wr_id: ANSWER_WR + slot as u64 * 4 + WR_PROBE,
+            op: SendOp::RdmaWrite {
+                remote_addr: address,
+                rkey: key,
+            },
+            sges: &[self.mr.sge(STAGING_AT + slot * CHUNK, 1)],
+            flags: SendFlags::SIGNALED,
+        }]);
+        if posted.is_err() {
+            self.broken = true;
+            return;
+        }
+        self.answers[slot] = Some(Answer {
+            cid: 0,
+            waiting: None,
+        });
+    }
+
     /// Reaps the CQ: capsules (receive slots re-posted unless held), finished READs (their
     /// CQE then goes), errors.
     pub(super) fn poll(&mut self) -> Vec<TargetEvent> {
@@ -309,7 +334,10 @@ impl TargetConn {
                 }
                 let slot = ((wc.wr_id - ANSWER_WR) / 4) as usize;
                 let kind = (wc.wr_id - ANSWER_WR) % 4;
-                if wc.status != WcStatus::Success || kind == WR_SEND {
+                if kind == WR_PROBE && wc.status == WcStatus::Success {
+                    events.push(TargetEvent::ProbeLanded);
+                }
+                if wc.status != WcStatus::Success || kind == WR_SEND || kind == WR_PROBE {
                     self.answers[slot] = None;
                     continue;
                 }

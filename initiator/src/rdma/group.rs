@@ -43,12 +43,12 @@ use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use nvmf_transport::pollgroup::{
-    Handler, PollGroup, PollGroupConfig, PollGroupStats, QpairEvent, RecvMode, RecvRepost, ReqId,
-    WrKind,
+    ChainWr, Handler, PollGroup, PollGroupConfig, PollGroupStats, QpairEvent, RecvMode, RecvRepost,
+    ReqId, WrKind,
 };
 use nvmf_transport::{
-    Access, AsyncEventKind, AsyncHub, AsyncRoute, AsyncSink, Context, Mr, Sge, TransportError,
-    WcStatus,
+    Access, AsyncEventKind, AsyncHub, AsyncRoute, AsyncSink, Context, Mr, SendOp, Sge,
+    TransportError, WcStatus,
 };
 
 use nvmf_protocol::Sqe;
@@ -176,16 +176,40 @@ impl Handler<HostCommand> for Router {
     }
     fn chain_done(
         &mut self,
-        _: &mut PollGroup<HostCommand>,
+        pg: &mut PollGroup<HostCommand>,
         req: ReqId,
-        _: WrKind,
+        kind: WrKind,
         status: WcStatus,
     ) {
-        tracing::warn!(
-            ?req,
-            ?status,
-            "unexpected chain completion on a host request"
-        );
+        // The only chain a host request posts after its SEND's: the LOCAL_INV of a window the
+        // target left valid (`request_complete`). The command is reported now.
+        let command = pg
+            .request_mut(req)
+            .filter(|r| kind == WrKind::KeyOp && r.user.window.is_some())
+            .map(|r| std::mem::take(&mut r.user));
+        let Some(mut command) = command else {
+            tracing::warn!(
+                ?req,
+                ?status,
+                "unexpected chain completion on a host request"
+            );
+            return;
+        };
+        pg.finish(req);
+        let token = command.queue;
+        if let Some(side) = self.side(token) {
+            if status == WcStatus::Success {
+                if let (Some(w), Some(Some(windows))) = (command.window.take(), &mut side.windows) {
+                    windows.free(w);
+                }
+                side.complete(command, status);
+            } else {
+                side.lose(format!(
+                    "local invalidate of a window the target left valid: {status:?}"
+                ));
+            }
+            self.note(token);
+        }
     }
     fn qpair_event(&mut self, _: &mut PollGroup<HostCommand>, _: u32, token: u64, ev: QpairEvent) {
         let Some(side) = self.side(token) else {
@@ -227,6 +251,10 @@ impl Handler<HostCommand> for Router {
     }
 
     fn request_complete(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId, status: WcStatus) {
+        if status == WcStatus::Success && self.invalidate_window(pg, req) {
+            // Reported when the LOCAL_INV completes (`chain_done`).
+            return;
+        }
         let command = pg
             .request_mut(req)
             .map(|r| std::mem::take(&mut r.user))
@@ -241,6 +269,45 @@ impl Handler<HostCommand> for Router {
 
     fn group_failed(&mut self, _: &mut PollGroup<HostCommand>, error: &str) {
         self.lose_all(&format!("poll group failed: {error}"));
+    }
+}
+
+impl Router {
+    /// The command of `req` is answered and its SEND done, but the target left its window's
+    /// key valid: posts the window's LOCAL_INV (true), so that the command is reported only
+    /// once no key of it lets the target in (the consumer may reuse its range at once), as
+    /// the Linux host does. False: no window to invalidate (or the post failed: the queue is
+    /// lost, and the command reported as such).
+    fn invalidate_window(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId) -> bool {
+        let Some((token, window)) = pg
+            .request(req)
+            .and_then(|r| Some((r.user.queue, r.user.window?)))
+        else {
+            return false;
+        };
+        let Some(side) = self.side(token) else {
+            return false;
+        };
+        let Some(rkey) = side
+            .windows
+            .as_ref()
+            .and_then(Option::as_ref)
+            .and_then(|windows| windows.in_use_key(window))
+        else {
+            return false;
+        };
+        let inv = ChainWr {
+            op: SendOp::LocalInv { rkey },
+            sges: &[],
+            inline: false,
+        };
+        match pg.post_chain(req, &[inv], false) {
+            Ok(()) => true,
+            Err(e) => {
+                side.lose(format!("local invalidate of a window: {e}"));
+                false
+            }
+        }
     }
 }
 

@@ -43,7 +43,7 @@ use nvmf_transport::{Access, CmChannel, CmEventKind, Mr, SendOp, Sge, TransportE
 
 use super::group::{GroupHandle, HostGroup, lock};
 use super::side::{HostCommand, Side};
-use super::windows::{Posting, Windows};
+use super::windows::Windows;
 use crate::queue::{CompletionGroup, DataRegion, HostQueue, QueueError};
 
 /// A connected queue over RDMA (see the module documentation).
@@ -257,8 +257,7 @@ impl RdmaQueue {
             pg.finish(req);
             return Err(QueueError::Full.into());
         };
-        // A window named by the SGL is bound in the same chain, ahead of the SEND (after a
-        // local invalidate when the target left its previous key valid).
+        // A window named by the SGL is bound in the same chain, ahead of the SEND.
         let window = match keyed
             .map(|(_, _, key)| key)
             .filter(|k| *k != self.mr.rkey())
@@ -302,30 +301,11 @@ impl RdmaQueue {
             // until a later completion). In-capsule data is the consumer's region: it waits.
             None if sges.len() == 1 => pg.post_chain_owned(req, &[send], false),
             None => pg.post_chain(req, &[send], false),
-            Some((
-                _,
-                Posting {
-                    invalidate: None,
-                    bind,
-                    ..
-                },
-            )) => pg.post_chain(req, &[key_op(*bind), send], false),
-            Some((
-                _,
-                Posting {
-                    invalidate: Some(inv),
-                    bind,
-                    ..
-                },
-            )) => pg.post_chain(req, &[key_op(*inv), key_op(*bind), send], false),
+            Some((_, bind)) => pg.post_chain(req, &[key_op(*bind), send], false),
         };
         if let Err(e) = posted {
-            if let (Some((i, p)), Some(Some(w))) = (&window, side.windows.as_mut()) {
-                let stale = match p.invalidate {
-                    Some(SendOp::LocalInv { rkey }) => Some(rkey),
-                    _ => None,
-                };
-                w.unpost(*i, stale);
+            if let (Some((i, _)), Some(Some(w))) = (&window, side.windows.as_mut()) {
+                w.free(*i);
             }
             pg.finish(req);
             return Err(Failed::lose(side, format!("post: {e}")));

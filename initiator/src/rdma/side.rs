@@ -25,7 +25,8 @@ pub(super) struct HostCommand {
     pub(super) data: Option<Range<usize>>,
     /// The response, once it arrived (reported when the SEND completed too).
     pub(super) cqe: Option<Cqe>,
-    /// The memory window the command's data goes through (per-I/O keys).
+    /// The memory window the command's data goes through (per-I/O keys), until its key is
+    /// dead: the target's invalidation in the response, or the host's own LOCAL_INV.
     pub(super) window: Option<usize>,
 }
 
@@ -112,7 +113,16 @@ impl Side {
                 return;
             }
         };
+        let invalidated = pg.response_invalidated_rkey();
         let Some(req) = self.by_cid.get(cqe.cid) else {
+            if let Some(rkey) = invalidated {
+                // It ended a key of a command it does not answer.
+                let cid = cqe.cid;
+                self.lose(format!(
+                    "a response for CID {cid}, not in flight, invalidated rkey {rkey:#x}"
+                ));
+                return;
+            }
             // A response for no command in flight (duplicate or stale): a broken target.
             tracing::warn!(
                 qid = self.qid,
@@ -121,8 +131,15 @@ impl Side {
             );
             return;
         };
-        let invalidated = pg.response_invalidated_rkey();
         if let Some(r) = pg.request_mut(req) {
+            if let (Some(_), Some(rkey)) = (r.user.cqe, invalidated) {
+                // The command's own key went with its first response, if at all.
+                let cid = cqe.cid;
+                self.lose(format!(
+                    "a second response to CID {cid} invalidated rkey {rkey:#x}"
+                ));
+                return;
+            }
             if r.user.cqe.is_some() {
                 tracing::warn!(
                     qid = self.qid,
@@ -131,10 +148,25 @@ impl Side {
                 );
                 return;
             }
+            let windows = self.windows.as_mut().and_then(Option::as_mut);
+            if let Some(rkey) = invalidated {
+                // Only the command's own window may go (the Linux host resets the connection
+                // on any other): another command's key died under it, or the region's.
+                let own = r.user.window.zip(windows.as_deref());
+                if own.and_then(|(w, windows)| windows.in_use_key(w)) != Some(rkey) {
+                    let cid = cqe.cid;
+                    self.lose(format!(
+                        "the response to CID {cid} invalidated rkey {rkey:#x}, not its command's window"
+                    ));
+                    return;
+                }
+            }
             r.user.cqe = Some(cqe);
-            // The target is done with the window once it answers.
-            if let (Some(w), Some(Some(windows))) = (r.user.window.take(), self.windows.as_mut()) {
-                windows.answered(w, invalidated);
+            // A window the target invalidated is free; one it left valid is invalidated by
+            // the host before the command is reported (`Router::request_complete`).
+            if let (Some(_), Some(w), Some(windows)) = (invalidated, r.user.window, windows) {
+                windows.free(w);
+                r.user.window = None;
             }
         }
         if let Err(e) = pg.response_received(req) {

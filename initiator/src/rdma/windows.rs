@@ -1,8 +1,9 @@
 //! Per-command memory windows (the `per_io_keys` option): a pool of type-2 windows on the
 //! queue's PD, each bound over one command's share of the data region under a fresh rkey, bound
 //! in the same chain as the command's SEND, and invalidated by the target's
-//! SEND_WITH_INVALIDATE (or locally before the window's next bind when the target did not).
-//! No long-lived rkey then exposes the host's memory.
+//! SEND_WITH_INVALIDATE, or by the host's own LOCAL_INV before the command is reported when
+//! the target did not (as the Linux host does): once a command is reported, no key of it lets
+//! the target into the host's memory, which the consumer may then reuse.
 
 use std::ops::Range;
 
@@ -13,16 +14,14 @@ use nvmf_transport::{Access, Mr, Mw, Pd, SendOp};
 enum WindowState {
     /// Unbound: free to bind.
     Free,
-    /// Still bound under `rkey` (the target did not invalidate it): a LOCAL_INV goes first.
-    Stale { rkey: u32 },
     /// Bind built for the next submission, not posted yet.
     Prepared {
         bind: SendOp,
         rkey: u32,
         range: Range<usize>,
-        stale: Option<u32>,
     },
-    /// Bound and named by a command in flight.
+    /// Bound and named by a command in flight (until the target invalidates it in its
+    /// response, or the host's LOCAL_INV completes).
     InUse { rkey: u32 },
 }
 
@@ -31,12 +30,6 @@ pub(super) struct Windows {
     mws: Vec<Mw>,
     state: Vec<WindowState>,
     next: usize,
-}
-
-/// What a submission posts before its SEND for a prepared window.
-pub(super) struct Posting {
-    pub(super) invalidate: Option<SendOp>,
-    pub(super) bind: SendOp,
 }
 
 impl Windows {
@@ -65,70 +58,50 @@ impl Windows {
         let n = self.mws.len();
         for step in 0..n {
             let i = (self.next + step) % n;
-            let stale = match &self.state[i] {
-                WindowState::Free => None,
-                WindowState::Stale { rkey } => Some(*rkey),
-                // Never posted: still whatever it was before (its old key, if any, stays stale).
-                WindowState::Prepared { stale, .. } => *stale,
-                WindowState::InUse { .. } => continue,
-            };
+            // A prepared window was never posted: still unbound.
+            if matches!(self.state[i], WindowState::InUse { .. }) {
+                continue;
+            }
             let access = Access::REMOTE_READ | Access::REMOTE_WRITE;
             let Ok(bind) = self.mws[i].bind(mr, range.start, range.len(), access) else {
                 continue;
             };
             let rkey = self.mws[i].rkey();
-            self.state[i] = WindowState::Prepared {
-                bind,
-                rkey,
-                range,
-                stale,
-            };
+            self.state[i] = WindowState::Prepared { bind, rkey, range };
             self.next = (i + 1) % n;
             return Some(rkey);
         }
         None
     }
 
-    /// The window a submission names by `rkey`, if prepared: what to post, and it is in use
-    /// from now on. Returns (window index, posting).
-    pub(super) fn take(&mut self, rkey: u32) -> Option<(usize, Posting)> {
+    /// The window a submission names by `rkey`, if prepared: its bind to post before the
+    /// SEND, and it is in use from now on. Returns (window index, bind).
+    pub(super) fn take(&mut self, rkey: u32) -> Option<(usize, SendOp)> {
         let i = self
             .state
             .iter()
             .position(|s| matches!(s, WindowState::Prepared { rkey: k, .. } if *k == rkey))?;
-        let WindowState::Prepared { bind, stale, .. } =
+        let WindowState::Prepared { bind, .. } =
             std::mem::replace(&mut self.state[i], WindowState::InUse { rkey })
         else {
             return None;
         };
-        Some((
-            i,
-            Posting {
-                invalidate: stale.map(|rkey| SendOp::LocalInv { rkey }),
-                bind,
-            },
-        ))
+        Some((i, bind))
     }
 
-    /// Command on window `index` answered; `invalidated` is the rkey its response's
-    /// SEND_WITH_INVALIDATE invalidated, if any.
-    pub(super) fn answered(&mut self, index: usize, invalidated: Option<u32>) {
-        if let Some(WindowState::InUse { rkey }) = self.state.get(index).cloned() {
-            self.state[index] = if invalidated == Some(rkey) {
-                WindowState::Free
-            } else {
-                WindowState::Stale { rkey }
-            };
+    /// The key window `index` is bound under while a command uses it.
+    pub(super) fn in_use_key(&self, index: usize) -> Option<u32> {
+        match self.state.get(index) {
+            Some(WindowState::InUse { rkey }) => Some(*rkey),
+            _ => None,
         }
     }
 
-    /// A posting that never reached the queue: the window goes back as it was.
-    pub(super) fn unpost(&mut self, index: usize, stale: Option<u32>) {
+    /// Window `index`'s key is dead (the target's SEND_WITH_INVALIDATE or the host's
+    /// LOCAL_INV ended it), or its bind never reached the queue: free to bind again.
+    pub(super) fn free(&mut self, index: usize) {
         if let Some(s) = self.state.get_mut(index) {
-            *s = match stale {
-                Some(rkey) => WindowState::Stale { rkey },
-                None => WindowState::Free,
-            };
+            *s = WindowState::Free;
         }
     }
 

@@ -222,8 +222,9 @@ fn per_command_windows_over_the_tcp_fabric() {
 fn windows_round_trips(target: FakeTarget) {
     let mut q = connect(&target);
     let region_key = q.region().key;
-    // More commands than windows: every window is bound again, after a local invalidate (this
-    // responder never sends SEND_WITH_INVALIDATE).
+    // More commands than windows: every window is bound again, after the host's own LOCAL_INV
+    // ended its key before the command was reported (this responder never sends
+    // SEND_WITH_INVALIDATE).
     for n in 0..3 * DEPTH {
         let at = (n as usize % 8) * 8192;
         let data = pattern(n as u8, 4096);
