@@ -1,7 +1,8 @@
 #!/bin/bash
 # Suite `kernel-target` (guest): nvmf-rs's host side against the Linux kernel's target
 # (nvmet-rdma) over rxe0: nvmf discover and identify, a write and read back through a shared
-# queue data region, then nvmf-perf with --verify on 4 qpairs;
+# queue data region, then nvmf-perf with --verify on 4 qpairs, and with per-I/O keys (memory
+# windows);
 # afterwards no qpair is left on either side.
 SUITE=kernel-target
 . "$(dirname "$0")/guest-lib.sh"
@@ -29,6 +30,19 @@ nvmf_shared_region() {
     "${nvmf[@]}" connect | tee "$LOGS/nvmf-connect-shared.log" &&
     grep -q "^queue_data  : 262144$" "$LOGS/nvmf-connect-shared.log"
 }
+# Per-I/O keys over real verbs: every command's data through its own type-2 memory window, which
+# nvmet-rdma ends with SEND_WITH_INVALIDATE (so the host never has to invalidate one itself).
+perf_per_io_keys() {
+  local log="$LOGS/perf-per-io-keys.log"
+  RUST_LOG=nvmf_initiator::rdma=debug timeout 60 "$PERF_BIN" -a "$IP" -s $PORT -n "$NQN" \
+    -q 32 -o 4096 -w randrw -t 10 --verify --per-io-keys >"$log" 2>&1
+  local rc=$?
+  tail -5 "$log"
+  [ "$rc" -eq 0 ] &&
+    grep -q "memory windows for per-I/O keys" "$log" &&
+    ! grep -q "no memory windows" "$log" &&
+    ! grep -q "the host invalidates it" "$log"
+}
 perf_verify() {
   timeout 120 "$PERF_BIN" -a "$IP" -s $PORT -n "$NQN" -q 32 -o 4096 -w randrw -t 30 --qpairs 4 --verify
 }
@@ -41,6 +55,7 @@ check "nvmf write + read back 2 MiB through a 256 KiB shared queue data region" 
 SKIP_REASON=
 [ -x "$PERF_BIN" ] || { echo "nvmf-perf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf-perf binary"; }
 check "nvmf-perf randrw 4 KiB QD32, 4 qpairs, 30 s, --verify" perf_verify
+check "nvmf-perf --per-io-keys randrw 4 KiB QD32, 10 s, --verify: a window per I/O, each invalidated by nvmet-rdma" perf_per_io_keys
 SKIP_REASON=
 check "no qpair left on rxe0 (rdma res)" no_connections_left
 check "nvmet configuration removed" nvmet_down

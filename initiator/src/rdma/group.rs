@@ -296,6 +296,11 @@ impl Router {
         else {
             return false;
         };
+        tracing::debug!(
+            qid = side.qid,
+            rkey,
+            "the target left a window valid: the host invalidates it"
+        );
         let inv = ChainWr {
             op: SendOp::LocalInv { rkey },
             sges: &[],

@@ -45,6 +45,7 @@ impl Windows {
                 }
             }
         }
+        tracing::debug!(count, "memory windows for per-I/O keys");
         Some(Windows {
             state: vec![WindowState::Free; count],
             mws,
