@@ -82,26 +82,12 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         held.extend([OP_SETTLE]);
         out.push((name("held_receives", suffix), held));
 
-        // A poller driving the queues through the group's ready list.
-        let mut ready = vec![side];
-        ready.extend(connect(0));
-        ready.extend(connect(1));
-        ready.extend(connect(2));
-        for n in 0..6 {
-            ready.extend(submit(n % 3, FLAG_2, n % 4, n));
-        }
-        ready.extend([OP_POLL | FLAG_1, 2]);
-        for n in 0..3 {
-            ready.extend(answer(n, 0, 0));
-            ready.extend([OP_POLL | FLAG_1, 1]);
-        }
-        ready.extend([
-            OP_DISCONNECT | 2 << 3 | FLAG_0,
-            OP_POLL | FLAG_1 | FLAG_0,
-            3,
-        ]);
-        ready.extend(answer(1, 0, 0));
-        ready.extend([OP_POLL | FLAG_1 | FLAG_0, 3, OP_SETTLE]);
+        // A poller driving three queues of one group through its ready list.
+        let ready = ready_list(
+            side,
+            &[0, 1, 2].map(|slot| [OP_CONNECT | slot << 3, 0, 7]),
+            2,
+        );
         out.push((name("ready_list", suffix), ready));
 
         // Commands submitted in a row, on two queues of the group, go out in one poll.
@@ -198,27 +184,18 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         lazy.extend([OP_SETTLE]);
         out.push((name("lazy", suffix), lazy));
 
-        // Queues of qid 1, 2 and 3 (spread: two reactors' groups), and an admin queue (the
+        // Queues of qid 1, 2 and 3 (spread: two reactors' groups) and an admin queue (the
         // control thread's), polled through their groups' ready lists.
-        let mut groups = vec![side];
-        for (slot, qid) in [(0u8, 0u8), (1, 1), (2, 2)] {
-            groups.extend([OP_CONNECT | slot << 3, qid, 15]);
-        }
-        groups.extend([OP_CONNECT | 3 << 3 | FLAG_0, 0, 7]);
-        for n in 0..8 {
-            groups.extend(submit(n % 4, FLAG_2, n % 4, n));
-        }
-        groups.extend([OP_POLL | FLAG_1, 2]);
-        for n in 0..4 {
-            groups.extend(answer(n, 0, 0));
-            groups.extend([OP_POLL | FLAG_1, 1]);
-        }
-        groups.extend([
-            OP_DISCONNECT | 1 << 3 | FLAG_0,
-            OP_POLL | FLAG_1 | FLAG_0,
-            3,
-        ]);
-        groups.extend([OP_SETTLE]);
+        let groups = ready_list(
+            side,
+            &[
+                [OP_CONNECT, 0, 7],
+                [OP_CONNECT | 1 << 3, 1, 7],
+                [OP_CONNECT | 2 << 3, 2, 7],
+                [OP_CONNECT | 3 << 3 | FLAG_0, 0, 7],
+            ],
+            1,
+        );
         out.push((name("groups", suffix), groups));
 
         // Windows the target did not invalidate (and one it did), each probed once its command
@@ -266,6 +243,33 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         out.push((name("target_gone", suffix), dropped));
     }
     out
+}
+
+/// Queues connected by `connects` (depth 8: four fit a group's request objects), two commands
+/// each, answered one queue at a time with a poller driving them through the ready lists;
+/// then the target disconnects queue `gone` while the others finish.
+fn ready_list(side: u8, connects: &[[u8; 3]], gone: u8) -> Vec<u8> {
+    let mut seed = vec![side];
+    for connect in connects {
+        seed.extend(connect);
+    }
+    let queues = connects.len() as u8;
+    for n in 0..2 * queues {
+        seed.extend(submit(n % queues, FLAG_2, n % 4, n));
+    }
+    seed.extend([OP_POLL | FLAG_1, 2]);
+    for n in 0..queues {
+        seed.extend(answer(n, 0, 0));
+        seed.extend([OP_POLL | FLAG_1, 1]);
+    }
+    seed.extend([
+        OP_DISCONNECT | gone << 3 | FLAG_0,
+        OP_POLL | FLAG_1 | FLAG_0,
+        3,
+    ]);
+    seed.extend(answer(0, 0, 0));
+    seed.extend([OP_POLL | FLAG_1 | FLAG_0, 3, OP_SETTLE]);
+    seed
 }
 
 fn name(what: &str, side: &str) -> &'static str {
