@@ -1,18 +1,21 @@
 //! The whole request path under a hostile host (feature `fuzzing`; the `fuzz_target_hostile_host`
-//! target in `fuzz/`): a running [`RdmaTransport`] with the NVMe handler on a reactor, on a soft
-//! fabric, and raw host queues (CM connections with their own QP, CQ and registered region) that connect, send capsules and disconnect as the input says. Unlike
+//! target in `fuzz/`): a running [`RdmaTransport`] with the NVMe handler on its reactors, on a
+//! soft fabric, and raw host queues (CM connections with their own QP, CQ and registered region)
+//! that connect, send capsules and disconnect as the input says. Unlike
 //! `nvme::fuzzing`, which calls the execution interface, this goes through everything a network
 //! peer reaches: the CM's private data, the acceptor, the poll group's SRQ and requests, data
 //! buffers, RDMA READs and WRITEs against the host's keys, silent answers, drains.
 //!
 //! One rig lives for the process (starting reactors per input would be slow): a target with a
-//! malloc namespace (nsid 1) and a null one (nsid 2), one reactor, and three transports on three
-//! soft devices: in-process answering every response with a completion (`silent_answers` 0, the
-//! default), in-process with lone answers silent (2), and soft TCP (the fabric between processes,
-//! here over loopback; the host's side moves when its queues poll); the input's first byte
-//! picks (mod 3). The groups are small (64
-//! receive slots, 48 request objects, 16 data buffers of 4 KiB) so that waits for requests and
-//! buffers happen. Rules (a panic is what libFuzzer reports):
+//! malloc namespace (nsid 1) and a null one (nsid 2), two reactors (the acceptor places
+//! connections on them in turn, so a controller's admin and I/O queues often live on
+//! different reactors, and a teardown or keep-alive expiry crosses between them), and three
+//! transports on three soft devices: in-process answering every response with a completion
+//! (`silent_answers` 0, the default), in-process with lone answers silent (2), and soft TCP (the
+//! fabric between processes, here over loopback; the host's side moves when its queues poll);
+//! the input's first byte picks (mod 3). The groups are small (64 receive slots, 48 request
+//! objects, 16 data buffers of 4 KiB) so that waits for requests and buffers happen. Rules (a
+//! panic is what libFuzzer reports):
 //! - no panic on any thread (the reactor's included);
 //! - a connect is answered (established or refused) and a capsule's SEND completes;
 //! - the target sends only 16-byte responses, each naming a CID the host sent on that queue and
@@ -310,7 +313,7 @@ impl Rig {
         }
         let target = Arc::new(target);
         let runtime = Runtime::start(RuntimeConfig {
-            cores: vec![0],
+            cores: vec![0, 1],
             pin: false,
             ..RuntimeConfig::default()
         })
