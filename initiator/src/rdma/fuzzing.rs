@@ -1126,9 +1126,10 @@ impl Slot {
                 None => self.queue.as_ref().expect("open").region().key,
             });
             // Only the window the command offered may be invalidated: another key (the
-            // region's, another command's window) fails the host's QP or loses the queue.
+            // region's, another command's window) fails the host's QP or loses the queue; so
+            // does any invalidation in a response under another CID (flag 0).
             bogus = Some(key) != own;
-            self.fatal |= bogus;
+            self.fatal |= bogus || control & FLAG_0 != 0;
             invalidate = Some(key);
         }
         let step = match &sent.keyed {

@@ -209,6 +209,12 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         bogus.extend([OP_POLL, 1]);
         bogus.extend([OP_ANSWER | FLAG_2, 0, 0, 0x80]);
         bogus.extend([OP_POLL, 3, OP_SETTLE]);
+        // And one invalidating its own window under another CID (none in flight).
+        bogus.extend(connect(1));
+        bogus.extend(submit(1, FLAG_1 | FLAG_2, KEYED_READ, 3));
+        bogus.extend([OP_POLL | 1 << 3, 1]);
+        bogus.extend([OP_ANSWER | 1 << 3 | FLAG_0 | FLAG_2, 0, 0, 0x40]);
+        bogus.extend([OP_POLL | 1 << 3, 3, OP_SETTLE]);
         out.push((name("bogus_invalidation", suffix), bogus));
 
         // (A probe that fails breaks its connection: one queue each.)
