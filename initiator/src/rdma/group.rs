@@ -159,6 +159,55 @@ impl Router {
         }
     }
 
+    /// The command of `req` is answered and its SEND done, but the target left its window's
+    /// key valid: posts the window's LOCAL_INV on the request, which keeps `command` until it
+    /// completes (None), so that the command is reported only once no key of it lets the
+    /// target in (the consumer may reuse its range at once), as the Linux host does. The
+    /// command back: nothing to invalidate, or the post failed (the queue is lost).
+    #[cold]
+    fn invalidate_window(
+        &mut self,
+        pg: &mut PollGroup<HostCommand>,
+        req: ReqId,
+        command: HostCommand,
+    ) -> Option<HostCommand> {
+        let token = command.queue;
+        let Some(side) = self.side(token) else {
+            return Some(command);
+        };
+        let rkey = command.window.and_then(|window| {
+            side.windows
+                .as_ref()
+                .and_then(Option::as_ref)
+                .and_then(|windows| windows.in_use_key(window))
+        });
+        let (Some(rkey), Some(r)) = (rkey, pg.request_mut(req)) else {
+            return Some(command);
+        };
+        r.user = command;
+        tracing::debug!(
+            qid = side.qid,
+            rkey,
+            "the target left a window valid: the host invalidates it"
+        );
+        let inv = ChainWr {
+            op: SendOp::LocalInv { rkey },
+            sges: &[],
+            inline: false,
+        };
+        match pg.post_chain(req, &[inv], false) {
+            Ok(()) => None,
+            Err(e) => {
+                side.lose(format!("local invalidate of a window: {e}"));
+                let back = pg.request_mut(req).map(|r| std::mem::take(&mut r.user));
+                Some(back.unwrap_or(HostCommand {
+                    queue: token,
+                    ..HostCommand::default()
+                }))
+            }
+        }
+    }
+
     /// Makes every side lost for `why` (and lists it).
     fn lose_all(&mut self, why: &str) {
         for token in 0..self.sides.len() as u64 {
@@ -251,14 +300,17 @@ impl Handler<HostCommand> for Router {
     }
 
     fn request_complete(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId, status: WcStatus) {
-        if status == WcStatus::Success && self.invalidate_window(pg, req) {
-            // Reported when the LOCAL_INV completes (`chain_done`).
-            return;
-        }
-        let command = pg
+        let mut command = pg
             .request_mut(req)
             .map(|r| std::mem::take(&mut r.user))
             .unwrap_or_default();
+        if status == WcStatus::Success && command.window.is_some() {
+            match self.invalidate_window(pg, req, command) {
+                // Reported when the LOCAL_INV completes (`chain_done`).
+                None => return,
+                Some(back) => command = back,
+            }
+        }
         pg.finish(req);
         let token = command.queue;
         if let Some(side) = self.side(token) {
@@ -269,50 +321,6 @@ impl Handler<HostCommand> for Router {
 
     fn group_failed(&mut self, _: &mut PollGroup<HostCommand>, error: &str) {
         self.lose_all(&format!("poll group failed: {error}"));
-    }
-}
-
-impl Router {
-    /// The command of `req` is answered and its SEND done, but the target left its window's
-    /// key valid: posts the window's LOCAL_INV (true), so that the command is reported only
-    /// once no key of it lets the target in (the consumer may reuse its range at once), as
-    /// the Linux host does. False: no window to invalidate (or the post failed: the queue is
-    /// lost, and the command reported as such).
-    fn invalidate_window(&mut self, pg: &mut PollGroup<HostCommand>, req: ReqId) -> bool {
-        let Some((token, window)) = pg
-            .request(req)
-            .and_then(|r| Some((r.user.queue, r.user.window?)))
-        else {
-            return false;
-        };
-        let Some(side) = self.side(token) else {
-            return false;
-        };
-        let Some(rkey) = side
-            .windows
-            .as_ref()
-            .and_then(Option::as_ref)
-            .and_then(|windows| windows.in_use_key(window))
-        else {
-            return false;
-        };
-        tracing::debug!(
-            qid = side.qid,
-            rkey,
-            "the target left a window valid: the host invalidates it"
-        );
-        let inv = ChainWr {
-            op: SendOp::LocalInv { rkey },
-            sges: &[],
-            inline: false,
-        };
-        match pg.post_chain(req, &[inv], false) {
-            Ok(()) => true,
-            Err(e) => {
-                side.lose(format!("local invalidate of a window: {e}"));
-                false
-            }
-        }
     }
 }
 
