@@ -176,6 +176,7 @@ impl Side {
 
     /// A command of this queue is finished on the wire (SEND completed and response in); the
     /// request object is already back in the group.
+    #[inline(always)]
     pub(super) fn complete(&mut self, command: HostCommand, status: WcStatus) {
         if status != WcStatus::Success {
             self.lose(format!("command SEND failed: {status:?}"));
