@@ -816,6 +816,8 @@ impl Slot {
                 match self.queue().bind_window(range.clone()) {
                     Ok(Some((address, key))) => {
                         reached(|r| r.windows += 1);
+                        // A stray CQE may yet complete this command early (see `stray_answer`).
+                        self.fatal |= !self.trusted;
                         (address, key, true)
                     }
                     Ok(None) => (region.address + at as u64, region.key, false),
@@ -1091,7 +1093,7 @@ impl Slot {
         let mut answer_cid = cid;
         if control & FLAG_0 != 0 {
             answer_cid = cid ^ (1 + u16::from(seed));
-            self.trusted = false;
+            self.stray_answer();
             self.sent[i].disowned = true;
         }
         let status = if status < 192 {
@@ -1217,12 +1219,25 @@ impl Slot {
             None => bytes,
         };
         if bytes.len() == 16 {
-            self.trusted = false;
+            self.stray_answer();
         } else {
             self.fatal = true;
         }
         self.target
             .post_answer(slot, 0, AnswerStep::None, bytes, None);
+    }
+
+    /// The target sent a CQE that may complete a command other than the one it answers (under
+    /// another CID, or of its own making): the queue is untrusted from now on, and a command
+    /// completed so, early, has its window ended by the host, so the target's own later RDMA
+    /// through it fails (and the connection with it) if any command in flight, or to come,
+    /// uses a window.
+    fn stray_answer(&mut self) {
+        self.trusted = false;
+        self.fatal |= self
+            .sent
+            .iter()
+            .any(|c| !c.reported && c.keyed.as_ref().is_some_and(|k| k.window));
     }
 
     /// The target writes through the window of the command reported last (operation 3, flag

@@ -248,6 +248,15 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         dropped.extend([OP_POLL, 7, OP_POLL | 1 << 3, 7]);
         out.push((name("target_gone", suffix), dropped));
     }
+    // Found by the fuzzer: over soft TCP, a CQE of the target's own making completed a command
+    // whose data goes through a window while the target's RDMA on that window was still to be
+    // served by the host; the host ended the window first, so that RDMA failed (the target's
+    // fault: the harness counts a stray CQE as a cause once windows are in play).
+    out.push((
+        "stray_cqe_window_tcp",
+        include_bytes!("../../../fuzz/seeds/fuzz_host_queue_hostile_target/stray_cqe_window_tcp")
+            .to_vec(),
+    ));
     out
 }
 
