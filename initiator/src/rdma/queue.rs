@@ -11,8 +11,10 @@
 //! the group (`response_received`); the group calls `request_complete` once the SEND completed
 //! too (or, for a SEND of the SQE alone that went without a completion of its own, at the
 //! response: the request object, whose capsule slot the device may still read, is held until a
-//! later completion), and only then is the CQE queued for `poll`. A response that is not exactly
-//! a CQE, like a qpair that drains (peer disconnect, error, flush), makes this queue lost, and
+//! later completion; for a command whose per-I/O window the target left valid, after the host's
+//! LOCAL_INV of it), and only then is the CQE queued for `poll`. A response that is not exactly
+//! a CQE, or that invalidates a key other than its command's window, like a qpair that drains
+//! (peer disconnect, error, flush), makes this queue lost, and
 //! only this one: `poll` and `submit` report `Disconnected` from then on and queued CQEs are
 //! dropped with the connection (the initiator fails what was in flight).
 //!
