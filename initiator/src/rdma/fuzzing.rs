@@ -29,7 +29,9 @@
 //!   response invalidated a key other than the command's own window;
 //! - a queue whose target did nothing that may break a connection (a malformed or oversized
 //!   response, an RDMA access outside the command's key, an invalidation of a key the command did
-//!   not offer, a disconnect) stays connected, and the target's side of it sees no error;
+//!   not offer, a disconnect, a CQE that may complete another command while windows are in
+//!   play: that command's window ends, and the target's own RDMA on it fails) stays connected,
+//!   and the target's side of it sees no error;
 //! - while the target also sent nothing that could answer the wrong command (a CQE with another
 //!   CID, a CQE of its own making), the queue is trusted: each CQE the host reports is the one the
 //!   target sent for that command, a Read answered after its RDMA WRITE shows exactly those bytes
