@@ -16,6 +16,8 @@ pub mod cm;
 pub mod device;
 pub mod error;
 pub mod fdwait;
+#[doc(hidden)]
+pub mod fuzz_input;
 pub mod gid;
 pub mod mapped;
 pub mod pollgroup;

@@ -94,6 +94,7 @@ use std::time::{Duration, Instant};
 
 use nvmf_protocol::cm::{RdmaAccept, RejectStatus};
 use nvmf_protocol::{Cqe, SglDescriptor, Sqe, Status, StatusContext};
+use nvmf_transport::fuzz_input::take;
 use nvmf_transport::{
     CmChannel, CmEventKind, CmId, Context, DeviceSpec, ProviderKind, SoftConfig, SoftFabric,
 };
@@ -285,17 +286,6 @@ pub fn hostile_target(data: &[u8]) {
     // looks after the input. (Other tests of a unit-test process may hold CM threads too: the
     // wait is bounded and not a rule.)
     nvmf_transport::soft::join_finished_cm_threads(rig.cm_threads, Duration::from_secs(1));
-}
-
-/// The first `n` bytes of `bytes` (fewer when it is shorter, padded with zeroes), and the rest.
-fn take(bytes: &[u8], n: usize) -> (std::borrow::Cow<'_, [u8]>, &[u8]) {
-    if bytes.len() >= n {
-        (bytes[..n].into(), &bytes[n..])
-    } else {
-        let mut padded = bytes.to_vec();
-        padded.resize(n, 0);
-        (padded.into(), &[])
-    }
 }
 
 /// One raw listener and the host fabric that connects to it (see the module doc).
@@ -1316,41 +1306,14 @@ mod tests {
     fn seed_files_are_current() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../fuzz/seeds/fuzz_host_queue_hostile_target");
-        let seeds = seeds();
-        if std::env::var_os("NVMF_WRITE_SEEDS").is_some() {
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).expect("seed directory");
-            for (name, input) in &seeds {
-                std::fs::write(dir.join(name), input).expect("seed file");
-            }
-        }
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .expect("fuzz/seeds/fuzz_host_queue_hostile_target")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
-        let mut names: Vec<String> = seeds.iter().map(|(n, _)| (*n).to_owned()).collect();
-        names.sort();
-        assert_eq!(on_disk, names, "rewrite with NVMF_WRITE_SEEDS=1");
-        for (name, input) in &seeds {
-            let file = std::fs::read(dir.join(name)).expect("seed file");
-            assert!(
-                file == *input,
-                "{name} differs: rewrite with NVMF_WRITE_SEEDS=1"
-            );
-        }
+        nvmf_transport::fuzz_input::check_seed_files(&dir, &seeds());
     }
 
     #[test]
     fn seeded_garbage_keeps_the_rules() {
-        // xorshift: the same inputs on every run.
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        // The same inputs on every run.
+        let mut random = nvmf_transport::fuzz_input::Xorshift::new(0x2545_F491_4F6C_DD1Du64);
+        let mut next = move || random.next_u64();
         for _ in 0..60 {
             let mut data = vec![next() as u8];
             // Most inputs start from a connected I/O queue so that commands flow.

@@ -71,6 +71,7 @@ use nvmf_protocol::fabrics::{
 };
 use nvmf_protocol::properties::{Cc, PropertyOffset};
 use nvmf_protocol::{Cqe, FixedStr, SglDescriptor, Sqe};
+use nvmf_transport::fuzz_input::take;
 use nvmf_transport::{
     Access, CmChannel, CmEventKind, CmId, ConnParam, Context, Cq, DeviceSpec, Mr, Pd, ProviderKind,
     Qp, QpCaps, QpInitAttr, RecvWr, SendFlags, SendOp, SendWr, SoftConfig, SoftFabric, WcStatus,
@@ -238,17 +239,6 @@ pub fn hostile_host(data: &[u8]) {
     // looks after the input. (Other tests of a unit-test process may hold CM threads too: the
     // wait is bounded and not a rule.)
     nvmf_transport::soft::join_finished_cm_threads(rig.cm_threads, Duration::from_secs(1));
-}
-
-/// The first `n` bytes of `bytes` (fewer when it is shorter, padded with zeroes), and the rest.
-fn take(bytes: &[u8], n: usize) -> (std::borrow::Cow<'_, [u8]>, &[u8]) {
-    if bytes.len() >= n {
-        (bytes[..n].into(), &bytes[n..])
-    } else {
-        let mut padded = bytes.to_vec();
-        padded.resize(n, 0);
-        (padded.into(), &[])
-    }
 }
 
 /// A TCP port on `ip` that nothing listens on now.
@@ -912,29 +902,7 @@ mod tests {
     fn seed_files_are_current() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../fuzz/seeds/fuzz_target_hostile_host");
-        let seeds = seeds();
-        if std::env::var_os("NVMF_WRITE_SEEDS").is_some() {
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).expect("seed directory");
-            for (name, input) in &seeds {
-                std::fs::write(dir.join(name), input).expect("seed file");
-            }
-        }
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .expect("fuzz/seeds/fuzz_target_hostile_host")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        on_disk.sort();
-        let mut names: Vec<String> = seeds.iter().map(|(n, _)| (*n).to_owned()).collect();
-        names.sort();
-        assert_eq!(on_disk, names, "rewrite with NVMF_WRITE_SEEDS=1");
-        for (name, input) in &seeds {
-            let file = std::fs::read(dir.join(name)).expect("seed file");
-            assert!(
-                file == *input,
-                "{name} differs: rewrite with NVMF_WRITE_SEEDS=1"
-            );
-        }
+        nvmf_transport::fuzz_input::check_seed_files(&dir, &seeds());
     }
 
     #[test]
@@ -979,14 +947,9 @@ mod tests {
 
     #[test]
     fn seeded_garbage_keeps_the_rules() {
-        // xorshift: the same inputs on every run.
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        // The same inputs on every run.
+        let mut random = nvmf_transport::fuzz_input::Xorshift::new(0x9E37_79B9_7F4A_7C15u64);
+        let mut next = move || random.next_u64();
         for _ in 0..60 {
             let mut data = vec![next() as u8];
             // Start most inputs from a working controller so that commands get executed.
