@@ -29,8 +29,9 @@
 //!   response invalidated a key other than the command's own window;
 //! - a queue whose target did nothing that may break a connection (a malformed or oversized
 //!   response, an RDMA access outside the command's key, an invalidation of a key the command did
-//!   not offer, a disconnect, a CQE that may complete another command while windows are in
-//!   play: that command's window ends, and the target's own RDMA on it fails) stays connected,
+//!   not offer, a disconnect, a CQE under another CID or of its own making: the host drops the
+//!   queue when no command in flight has that CID, or when its command was answered already,
+//!   and when one has, that command's window ends early and the target's RDMA on it fails) stays connected,
 //!   and the target's side of it sees no error;
 //! - while the target also sent nothing that could answer the wrong command (a CQE with another
 //!   CID, a CQE of its own making), the queue is trusted: each CQE the host reports is the one the
@@ -44,7 +45,8 @@
 //!   own before it reports, as the Linux host does): a probe's write through it fails;
 //! - at a settle (the target posts every receive and answers every capsule it holds, well
 //!   formed) every command of a connected queue is reported, except those whose answer the target
-//!   sent under another CID;
+//!   sent under another CID; and a queue is lost by then whose target sent a response under a
+//!   CID that no command awaiting its answer had (none accepted under it since);
 //! - once the input's queues are dropped, each of the side's host poll groups holds only its
 //!   anchor: one qpair, no request object, no receive slot held or queued; none of the counters
 //!   that are bugs if they grow (stale completions, kind mismatches, receive-slot errors) moved,
@@ -154,6 +156,8 @@ struct Reached {
     lazy: u64,
     /// Writes through a reported command's window.
     probes: u64,
+    /// Queues lost while a response under a CID not in flight was owed its loss.
+    stray_losses: u64,
 }
 
 static REACHED: Mutex<Reached> = Mutex::new(Reached {
@@ -166,6 +170,7 @@ static REACHED: Mutex<Reached> = Mutex::new(Reached {
     settled: 0,
     lazy: 0,
     probes: 0,
+    stray_losses: 0,
 });
 
 fn reached(count: impl FnOnce(&mut Reached)) {
@@ -568,6 +573,7 @@ impl Run<'_> {
                 fatal: false,
                 trusted: true,
                 lost: false,
+                must_lose: Vec::new(),
                 probe_key: None,
                 name: self.side.name,
             });
@@ -660,15 +666,16 @@ impl Run<'_> {
                 .slots
                 .iter()
                 .flatten()
-                .filter(|s| s.owes())
+                .filter(|s| s.owes() || s.owes_loss())
                 .map(|s| {
                     (
                         s.target.qid,
                         s.sent
                             .iter()
-                            .filter(|c| c.owed())
+                            .filter(|c| s.owes() && c.owed())
                             .map(|c| c.cid)
                             .collect::<Vec<_>>(),
+                        s.must_lose.clone(),
                     )
                 })
                 .collect();
@@ -678,7 +685,8 @@ impl Run<'_> {
             }
             assert!(
                 Instant::now() < deadline,
-                "{}: commands never reported (qid, CIDs): {owing:?}",
+                "{}: commands never reported, or a queue kept after responses for CIDs not in \
+                 flight (qid, CIDs owed, stray CIDs): {owing:?}",
                 self.side.name
             );
             std::thread::yield_now();
@@ -744,6 +752,9 @@ struct Slot {
     trusted: bool,
     /// The host reported the queue lost.
     lost: bool,
+    /// CIDs of responses the target sent while no command awaiting a response had the CID
+    /// (and none was accepted under it since): the host must lose the queue.
+    must_lose: Vec<u16>,
     /// The window (address, key) of the command reported last, while no window was bound
     /// since (a probe's target: a reported command's key must let the target in no more).
     probe_key: Option<(u64, u32)>,
@@ -766,6 +777,9 @@ impl Slot {
                 self.name, self.target.qid
             );
             self.lost = true;
+            if !self.must_lose.is_empty() {
+                reached(|r| r.stray_losses += 1);
+            }
         }
     }
 
@@ -808,8 +822,6 @@ impl Slot {
                 match self.queue().bind_window(range.clone()) {
                     Ok(Some((address, key))) => {
                         reached(|r| r.windows += 1);
-                        // A stray CQE may yet complete this command early (see `stray_answer`).
-                        self.fatal |= !self.trusted;
                         (address, key, true)
                     }
                     Ok(None) => (region.address + at as u64, region.key, false),
@@ -878,6 +890,8 @@ impl Slot {
                     self.name, self.target.qid
                 );
                 self.chunks[chunk] = true;
+                // The host may now take a stray response under this CID as this command's.
+                self.must_lose.retain(|&stray| stray != cid);
                 self.sent.push(Sent {
                     cid,
                     sqe: sqe.to_bytes(),
@@ -1085,7 +1099,7 @@ impl Slot {
         let mut answer_cid = cid;
         if control & FLAG_0 != 0 {
             answer_cid = cid ^ (1 + u16::from(seed));
-            self.stray_answer();
+            self.stray_answer(answer_cid);
             self.sent[i].disowned = true;
         }
         let status = if status < 192 {
@@ -1211,7 +1225,7 @@ impl Slot {
             None => bytes,
         };
         if bytes.len() == 16 {
-            self.stray_answer();
+            self.stray_answer(u16::from_le_bytes([bytes[12], bytes[13]]));
         } else {
             self.fatal = true;
         }
@@ -1220,16 +1234,27 @@ impl Slot {
     }
 
     /// The target sent a CQE that may complete a command other than the one it answers (under
-    /// another CID, or of its own making): the queue is untrusted from now on, and a command
-    /// completed so, early, has its window ended by the host, so the target's own later RDMA
-    /// through it fails (and the connection with it) if any command in flight, or to come,
-    /// uses a window.
-    fn stray_answer(&mut self) {
+    /// another CID, or of its own making): the queue is untrusted from now on, and may be lost:
+    /// the host drops a queue whose target answers a CID not in flight or answered already (which
+    /// the harness does not track at the host's moment of reading), and a command completed
+    /// early has its window ended by the host, so the target's own later RDMA through it fails.
+    fn stray_answer(&mut self, cid: u16) {
         self.trusted = false;
-        self.fatal |= self
+        self.fatal = true;
+        // Sent after every answer before it (RC order): unless a command still awaits its
+        // answer under the CID, the host finds the CID not in flight or answered already.
+        let awaited = self
             .sent
             .iter()
-            .any(|c| !c.reported && c.keyed.as_ref().is_some_and(|k| k.window));
+            .any(|c| c.cid == cid && !c.reported && c.answer.is_none());
+        if !awaited {
+            self.must_lose.push(cid);
+        }
+    }
+
+    /// A stray response the host must lose the queue to is still to be read.
+    fn owes_loss(&self) -> bool {
+        !self.lost && !self.must_lose.is_empty()
     }
 
     /// The target writes through the window of the command reported last (operation 3, flag
@@ -1299,6 +1324,7 @@ mod tests {
         assert!(after.settled > before.settled + 15, "{after:?}");
         assert!(after.lazy > before.lazy + 9, "{after:?}");
         assert!(after.probes >= before.probes + 12, "{after:?}");
+        assert!(after.stray_losses >= before.stray_losses + 4, "{after:?}");
     }
 
     /// The files under fuzz/seeds are what `seeds()` builds (rewritten with NVMF_WRITE_SEEDS=1).

@@ -13,8 +13,9 @@
 //! response: the request object, whose capsule slot the device may still read, is held until a
 //! later completion; for a command whose per-I/O window the target left valid, after the host's
 //! LOCAL_INV of it), and only then is the CQE queued for `poll`. A response that is not exactly
-//! a CQE, or that invalidates a key other than its command's window, like a qpair that drains
-//! (peer disconnect, error, flush), makes this queue lost, and
+//! a CQE, that names a CID no command in flight has or one answered already (as the Linux host
+//! resets on a command ID it does not know), or that invalidates a key other than its command's
+//! window, like a qpair that drains (peer disconnect, error, flush), makes this queue lost, and
 //! only this one: `poll` and `submit` report `Disconnected` from then on and queued CQEs are
 //! dropped with the connection (the initiator fails what was in flight).
 //!

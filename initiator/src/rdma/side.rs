@@ -88,6 +88,16 @@ impl Side {
         ));
     }
 
+    /// A response for a command that `state` says cannot take one: the queue is lost.
+    #[cold]
+    #[inline(never)]
+    fn lose_to_stray(&mut self, cid: u16, state: &str, invalidated: Option<u32>) {
+        let ended = invalidated
+            .map(|rkey| format!(", and it invalidated rkey {rkey:#x}"))
+            .unwrap_or_default();
+        self.lose(format!("a response for CID {cid}, {state}{ended}"));
+    }
+
     pub(super) fn lose(&mut self, why: String) {
         if self.lost.is_none() {
             tracing::debug!(qid = self.qid, %why, "queue lost");
@@ -114,38 +124,17 @@ impl Side {
             }
         };
         let invalidated = pg.response_invalidated_rkey();
+        // A response for no command in flight (duplicate or stale), or a second one for a
+        // command, comes from a broken target, and the next may as well carry a CID the host
+        // has reused and complete that command early: the queue is lost, as the Linux host
+        // resets the controller on a command ID it does not know.
         let Some(req) = self.by_cid.get(cqe.cid) else {
-            if let Some(rkey) = invalidated {
-                // It ended a key of a command it does not answer.
-                let cid = cqe.cid;
-                self.lose(format!(
-                    "a response for CID {cid}, not in flight, invalidated rkey {rkey:#x}"
-                ));
-                return;
-            }
-            // A response for no command in flight (duplicate or stale): a broken target.
-            tracing::warn!(
-                qid = self.qid,
-                cid = cqe.cid,
-                "response for no command in flight"
-            );
+            self.lose_to_stray(cqe.cid, "not in flight", invalidated);
             return;
         };
         if let Some(r) = pg.request_mut(req) {
-            if let (Some(_), Some(rkey)) = (r.user.cqe, invalidated) {
-                // The command's own key went with its first response, if at all.
-                let cid = cqe.cid;
-                self.lose(format!(
-                    "a second response to CID {cid} invalidated rkey {rkey:#x}"
-                ));
-                return;
-            }
             if r.user.cqe.is_some() {
-                tracing::warn!(
-                    qid = self.qid,
-                    cid = cqe.cid,
-                    "second response for a command"
-                );
+                self.lose_to_stray(cqe.cid, "answered already", invalidated);
                 return;
             }
             let windows = self.windows.as_mut().and_then(Option::as_mut);
