@@ -31,8 +31,8 @@
 //!   response, an RDMA access outside the command's key, an invalidation of a key the command did
 //!   not offer, a disconnect, a CQE under another CID or of its own making: the host drops the
 //!   queue when no command in flight has that CID, or when its command was answered already,
-//!   and when one has, that command's window ends early and the target's RDMA on it fails) stays connected,
-//!   and the target's side of it sees no error;
+//!   and when one has, that command's window ends early and the target's RDMA on it fails)
+//!   stays connected, and the target's side of it sees no error;
 //! - while the target also sent nothing that could answer the wrong command (a CQE with another
 //!   CID, a CQE of its own making), the queue is trusted: each CQE the host reports is the one the
 //!   target sent for that command, a Read answered after its RDMA WRITE shows exactly those bytes
