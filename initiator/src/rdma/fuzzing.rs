@@ -668,15 +668,12 @@ impl Run<'_> {
                 .flatten()
                 .filter(|s| s.owes() || s.owes_loss())
                 .map(|s| {
-                    (
-                        s.target.qid,
-                        s.sent
-                            .iter()
-                            .filter(|c| s.owes() && c.owed())
-                            .map(|c| c.cid)
-                            .collect::<Vec<_>>(),
-                        s.must_lose.clone(),
-                    )
+                    let owed: Vec<u16> = if s.owes() {
+                        s.sent.iter().filter(|c| c.owed()).map(|c| c.cid).collect()
+                    } else {
+                        Vec::new()
+                    };
+                    (s.target.qid, owed, s.must_lose.clone())
                 })
                 .collect();
             if owing.is_empty() {
@@ -1134,10 +1131,10 @@ impl Slot {
                 None => self.queue.as_ref().expect("open").region().key,
             });
             // Only the window the command offered may be invalidated: another key (the
-            // region's, another command's window) fails the host's QP or loses the queue; so
-            // does any invalidation in a response under another CID (flag 0).
+            // region's, another command's window) fails the host's QP or loses the queue (a
+            // response under another CID, flag 0, is a cause already: `stray_answer`).
             bogus = Some(key) != own;
-            self.fatal |= bogus || control & FLAG_0 != 0;
+            self.fatal |= bogus;
             invalidate = Some(key);
         }
         let step = match &sent.keyed {
