@@ -376,7 +376,14 @@ pub fn thousand_qps_one_cq(flavor: Flavor) {
         .unwrap();
     }
     let sent = fx.wait_wcs(&cli_cq, n);
-    assert!(sent.iter().all(|w| w.status == WcStatus::Success));
+    assert!(
+        sent.iter().all(|w| w.status == WcStatus::Success),
+        "{:?}",
+        sent.iter()
+            .filter(|w| w.status != WcStatus::Success)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
     let owner: HashMap<u32, usize> = servers
         .iter()
         .enumerate()
