@@ -1,16 +1,18 @@
 //! A blocking block device for simple clients: read_at / write_at / flush at any byte offset
-//! and length over one namespace and one I/O queue of a [`Controller`].
+//! and length over one namespace and one I/O queue of a [`Controller`], and the block-range
+//! commands (compare, write zeroes, deallocate).
 //!
 //! Requests are split by the largest transfer (MDTS and the host maximum) and pipelined up to
 //! the queue depth (and what the queue's data region holds); unaligned edges are handled by
 //! read-modify-write of the edge blocks. When the connection is lost the operation waits for
 //! the controller to come back (or fails) as the reconnect policy says, then is retried whole:
-//! reads and writes of the same bytes are idempotent.
+//! reads and writes of the same bytes are idempotent, and so are Write Zeroes and Deallocate.
 
 use crate::controller::Controller;
 use crate::error::{Error, Result};
 use crate::io::NsTarget;
 use crate::queue::Fabric;
+use nvmf_protocol::nvm::DSM_MAX_RANGES;
 
 /// Blocking byte-addressed access to one namespace.
 pub struct BlockDevice<F: Fabric> {
@@ -33,7 +35,12 @@ enum Direction {
     Read,
     Write,
     Compare,
+    WriteZeroes,
 }
+
+/// Optional NVM Command Support bits (Identify Controller ONCS).
+const ONCS_DSM: u16 = 1 << 2;
+const ONCS_WRITE_ZEROES: u16 = 1 << 3;
 
 impl<F: Fabric> BlockDevice<F> {
     /// Use namespace `nsid` of `controller` through its first I/O queue.
@@ -126,8 +133,11 @@ impl<F: Fabric> BlockDevice<F> {
         let ns = self.ns()?;
         let index = self.queue_index;
         let queue = self.controller.io_queue_mut(index)?;
-        let chunk =
-            (queue.limits().max_transfer as u64 / u64::from(ns.block_size)).clamp(1, 0x1_0000);
+        let chunk = match direction {
+            // No data moves: only the 16-bit block count bounds a command.
+            Direction::WriteZeroes => 0x1_0000,
+            _ => (queue.limits().max_transfer as u64 / u64::from(ns.block_size)).clamp(1, 0x1_0000),
+        };
         let end = lba + blocks;
         let mut next = lba;
         let mut outstanding = 0usize;
@@ -142,6 +152,7 @@ impl<F: Fabric> BlockDevice<F> {
                     Direction::Compare => {
                         queue.submit_compare(&ns, at, n, at, |slot| source(at, slot))
                     }
+                    Direction::WriteZeroes => queue.submit_write_zeroes(&ns, at, n, at),
                 };
                 match submitted {
                     Ok(()) => {
@@ -284,6 +295,89 @@ impl<F: Fabric> BlockDevice<F> {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Refuses a command the controller does not claim (ONCS): a clear error here instead of
+    /// an Invalid Opcode status from the target.
+    fn supported(&self, bit: u16, command: &str) -> Result<()> {
+        if self.controller.identify().oncs & bit == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "the controller does not support {command} (Identify Controller ONCS {:#06x})",
+                self.controller.identify().oncs
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses blocks `lba..lba + blocks` unless the namespace holds them all.
+    fn check_blocks(&self, lba: u64, blocks: u64) -> Result<()> {
+        let total = self.ns()?.blocks;
+        if blocks == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "blocks {lba}+0: a range needs at least one block"
+            )));
+        }
+        if lba.checked_add(blocks).is_none_or(|end| end > total) {
+            return Err(Error::InvalidArgument(format!(
+                "blocks {lba}+{blocks} end past the namespace's {total} blocks"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Zero blocks `lba..lba + blocks` with Write Zeroes commands (no data moves: up to 65,536
+    /// blocks each, pipelined).
+    pub fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<()> {
+        self.supported(ONCS_WRITE_ZEROES, "Write Zeroes")?;
+        self.check_blocks(lba, blocks)?;
+        self.retrying(|dev| {
+            dev.blocks_io(
+                Direction::WriteZeroes,
+                lba,
+                blocks,
+                &mut |_, _| {},
+                &|_, _| {},
+            )
+        })
+    }
+
+    /// Deallocate (Dataset Management, AD) the block ranges `(lba, blocks)`: the namespace may
+    /// then read them back as its DLFEAT says (zeroes on nvmf-tgt). A range longer than a DSM
+    /// range holds is split; one command carries up to 256 ranges, one command at a time.
+    pub fn deallocate(&mut self, ranges: &[(u64, u64)]) -> Result<()> {
+        self.supported(ONCS_DSM, "Dataset Management")?;
+        if ranges.is_empty() {
+            return Err(Error::InvalidArgument("no range to deallocate".into()));
+        }
+        for &(lba, blocks) in ranges {
+            self.check_blocks(lba, blocks)?;
+        }
+        let mut pieces: Vec<(u64, u32)> = Vec::new();
+        for &(lba, blocks) in ranges {
+            let mut at = lba;
+            let end = lba + blocks;
+            while at < end {
+                let n = (end - at).min(u64::from(u32::MAX)) as u32;
+                pieces.push((at, n));
+                at += u64::from(n);
+            }
+        }
+        self.retrying(|dev| {
+            let ns = dev.ns()?;
+            let index = dev.queue_index;
+            let queue = dev.controller.io_queue_mut(index)?;
+            for command in pieces.chunks(DSM_MAX_RANGES) {
+                queue.submit_deallocate(&ns, command, 0)?;
+                let mut result = None;
+                while result.is_none() {
+                    if queue.poll(|c, _| result = Some(c.result)) == 0 {
+                        std::hint::spin_loop();
+                    }
+                }
+                result.unwrap_or(Ok(()))?;
+            }
+            Ok(())
+        })
     }
 
     /// Flush the namespace's volatile write cache.

@@ -193,3 +193,75 @@ fn a_shared_data_region_smaller_than_the_depth_needs_still_moves_large_requests(
     assert_eq!(back, data);
     assert_eq!(target.read_namespace(1, 777..777 + data.len()), data);
 }
+
+/// A namespace of `blocks` 512-byte blocks, every byte set from its offset.
+fn patterned(blocks: u64) -> (LoopbackTarget, BlockDevice<LoopbackFabric>, Vec<u8>) {
+    let config = LoopbackConfig {
+        namespaces: vec![NamespaceConfig {
+            blocks,
+            block_shift: 9,
+        }],
+        ..LoopbackConfig::default()
+    };
+    let (target, mut dev) = device(config, ReconnectPolicy::never());
+    let model: Vec<u8> = (0..blocks as usize * 512)
+        .map(|i| (i % 253) as u8 | 1)
+        .collect();
+    dev.write_at(0, &model).unwrap();
+    (target, dev, model)
+}
+
+#[test]
+fn write_zeroes_zeroes_exactly_its_blocks_past_one_commands_count() {
+    // 65,536 blocks is one command's most: 70,001 takes two.
+    let (target, mut dev, mut model) = patterned(80_000);
+    let before = target.stats().commands;
+    dev.write_zeroes(3, 70_001).unwrap();
+    model[3 * 512..70_004 * 512].fill(0);
+    assert_eq!(target.read_namespace(1, 0..model.len()), model);
+    assert_eq!(target.stats().commands - before, 2, "two Write Zeroes");
+}
+
+#[test]
+fn deallocate_takes_many_ranges_in_commands_of_256() {
+    let (target, mut dev, mut model) = patterned(2_000);
+    // 300 ranges of one block each (every sixth block): two commands.
+    let ranges: Vec<(u64, u64)> = (0..300).map(|i| (i * 6 + 1, 1)).collect();
+    let before = target.stats().commands;
+    dev.deallocate(&ranges).unwrap();
+    for &(lba, _) in &ranges {
+        model[lba as usize * 512..(lba as usize + 1) * 512].fill(0);
+    }
+    // Deallocated blocks read back as zeroes on this target; the others are untouched.
+    assert_eq!(target.read_namespace(1, 0..model.len()), model);
+    assert_eq!(
+        target.stats().commands - before,
+        2,
+        "two Dataset Management"
+    );
+    dev.deallocate(&[(1_990, 10)]).unwrap();
+    let mut back = vec![1u8; 10 * 512];
+    dev.read_at(1_990 * 512, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn block_range_commands_refuse_bad_ranges_before_sending() {
+    let (target, mut dev, model) = patterned(1_000);
+    let before = target.stats().commands;
+    for result in [
+        dev.write_zeroes(999, 2),
+        dev.write_zeroes(0, 0),
+        dev.write_zeroes(u64::MAX, 1),
+        dev.deallocate(&[]),
+        dev.deallocate(&[(0, 1), (1_000, 1)]),
+        dev.deallocate(&[(5, 0)]),
+    ] {
+        assert!(
+            matches!(&result, Err(Error::InvalidArgument(m)) if m.contains("block") || m.contains("range")),
+            "{result:?}"
+        );
+    }
+    assert_eq!(target.stats().commands, before, "nothing sent");
+    assert_eq!(target.read_namespace(1, 0..model.len()), model);
+}
