@@ -2,8 +2,10 @@
 # The separate-process end-to-end tests (tests/tests/process/): nvmf-tgt and the initiator tools
 # as their own processes over the soft RDMA provider's TCP fabric; nvmf-tgt SIGKILLed under
 # nvmf-perf load, restarted, the host reconnects and its flushed data reads back (issue 9,
-# reconnect.rs). They start the built binaries, which a test of another package cannot
-# name, so they are #[ignore]d in a plain `cargo test` and run here after building them fresh. scripts/test.sh calls this; it also runs on its own.
+# reconnect.rs); nvmf write-zeroes, dsm and flush on a file and a malloc namespace
+# (block_commands.rs). They start the built binaries, which a test of another package cannot
+# name, so they are #[ignore]d in a plain `cargo test` and run here after building them fresh.
+# scripts/test.sh calls this; it also runs on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"

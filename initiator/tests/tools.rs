@@ -180,3 +180,36 @@ fn nvmf_read_writes_stdout_and_compare_sets_the_exit_code() {
     assert!(err.contains("MISMATCH"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn nvmf_block_range_commands_report_success_and_refuse_what_cannot_be_sent() {
+    let lo = ["--transport", "loopback"];
+    for (args, says) in [
+        (
+            &["write-zeroes", "-s", "8", "-c", "70000"][..],
+            "write-zeroes: Success (70000 blocks from 8)",
+        ),
+        (
+            &["dsm", "--ad", "-s", "0,100", "-b", "8,1"][..],
+            "dsm: Success (2 ranges deallocated)",
+        ),
+        (&["flush", "-N", "1"][..], "flush: Success (namespace 1)"),
+    ] {
+        let (code, out, err) = run(NVMF, &[&lo[..], args].concat());
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(out.contains(says), "{args:?}: {out}");
+    }
+    // Only deallocation is a DSM attribute the tool sends: --ad is required.
+    let (code, _, err) = run(NVMF, &[&lo[..], &["dsm", "-s", "0", "-b", "1"]].concat());
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--ad"), "{err}");
+    let (code, _, err) = run(
+        NVMF,
+        &[&lo[..], &["write-zeroes", "-s", "131072", "-c", "1"]].concat(),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("blocks 131072+1 end past the namespace's 131072 blocks"),
+        "{err}"
+    );
+}

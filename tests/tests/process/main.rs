@@ -1,5 +1,7 @@
 //! nvmf-tgt, nvmf and nvmf-perf as separate processes over the soft RDMA provider's TCP
-//! fabric (`rig`): a target killed mid-I/O and restarted (`reconnect`).
+//! fabric (`rig`): a target killed mid-I/O and restarted (`reconnect`), and the block-range
+//! commands end to end on a file and a malloc namespace (`block_commands`).
 
+mod block_commands;
 mod reconnect;
 mod rig;

@@ -1,5 +1,6 @@
 //! nvmf: an nvme-cli-like tool for NVMe-oF subsystems: discover, identify, list namespaces,
-//! read / write / compare LBA ranges, get / set features, get log pages.
+//! read / write / compare LBA ranges, zero and deallocate them, flush, get / set features, get
+//! log pages.
 #![forbid(unsafe_code)]
 
 use std::io::{Read, Write};
@@ -69,6 +70,31 @@ enum Command {
     Write(Range),
     /// Compare blocks with a file (or stdin); exit status 1 on a mismatch.
     Compare(Range),
+    /// Zero blocks without sending data (Write Zeroes, like `nvme write-zeroes`), then flush.
+    WriteZeroes(Blocks),
+    /// Deallocate block ranges (Dataset Management with the Deallocate attribute, like `nvme dsm
+    /// --ad`): the blocks then read as the namespace's DLFEAT says (zeroes on nvmf-tgt).
+    Dsm {
+        /// Namespace id.
+        #[arg(short = 'N', long, default_value_t = 1)]
+        nsid: u32,
+        /// Deallocate (the one attribute supported: required, as nvme-cli's --ad).
+        #[arg(short = 'd', long, required = true)]
+        ad: bool,
+        /// First LBA of each range, comma separated (e.g. 0,4096).
+        #[arg(short = 's', long, value_delimiter = ',', required = true)]
+        slbs: Vec<u64>,
+        /// Number of blocks of each range, comma separated, one per --slbs entry (not 0's
+        /// based, unlike nvme-cli's).
+        #[arg(short = 'b', long, value_delimiter = ',', required = true)]
+        blocks: Vec<u64>,
+    },
+    /// Flush the namespace's volatile write cache (like `nvme flush`).
+    Flush {
+        /// Namespace id.
+        #[arg(short = 'N', long, default_value_t = 1)]
+        nsid: u32,
+    },
     /// Print a feature's current value (like `nvme get-feature`).
     GetFeature {
         /// Feature id (decimal or 0x hex).
@@ -127,6 +153,19 @@ struct Range {
     /// Data file (default stdin / stdout).
     #[arg(short = 'd', long)]
     data: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+struct Blocks {
+    /// Namespace id.
+    #[arg(short = 'N', long, default_value_t = 1)]
+    nsid: u32,
+    /// First LBA.
+    #[arg(short = 's', long)]
+    start_block: u64,
+    /// Number of blocks (not 0's based, unlike nvme-cli's --block-count).
+    #[arg(short = 'c', long)]
+    block_count: u64,
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {
@@ -206,6 +245,16 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
         }
         let _ = c.shutdown();
         return Ok(());
+    }
+    if let Command::Dsm { slbs, blocks, .. } = &args.command {
+        // Before connecting: nothing to ask the target.
+        if slbs.len() != blocks.len() {
+            bail!(
+                "--slbs has {} entries and --blocks {}: one block count per range",
+                slbs.len(),
+                blocks.len()
+            );
+        }
     }
     let mut c = attach(fabric, args, &args.connect.subnqn)?;
     let mut mismatch = false;
@@ -291,6 +340,32 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
                     eprintln!("compare: {}", if mismatch { "MISMATCH" } else { "Success" });
                 }
             }
+            c = dev.into_controller();
+        }
+        Command::WriteZeroes(b) => {
+            let mut dev = BlockDevice::new(c, b.nsid)?;
+            dev.write_zeroes(b.start_block, b.block_count)?;
+            dev.flush()?;
+            println!(
+                "write-zeroes: Success ({} blocks from {})",
+                b.block_count, b.start_block
+            );
+            c = dev.into_controller();
+        }
+        Command::Dsm {
+            nsid, slbs, blocks, ..
+        } => {
+            let ranges: Vec<(u64, u64)> =
+                slbs.iter().copied().zip(blocks.iter().copied()).collect();
+            let mut dev = BlockDevice::new(c, *nsid)?;
+            dev.deallocate(&ranges)?;
+            println!("dsm: Success ({} ranges deallocated)", ranges.len());
+            c = dev.into_controller();
+        }
+        Command::Flush { nsid } => {
+            let mut dev = BlockDevice::new(c, *nsid)?;
+            dev.flush()?;
+            println!("flush: Success (namespace {nsid})");
             c = dev.into_controller();
         }
         Command::GetFeature {
