@@ -10,8 +10,9 @@
 #   verbs          transport live tests, conformance and poll-group suites, nvmf-rdma pingpong on rxe
 #   kernel-peers   nvme-cli/nvme-rdma against nvmet-rdma: the kernel's own plumbing, same checks
 #   kernel-host    nvme-cli/nvme-rdma against nvmf-tgt
-#   kernel-target  nvmf discover/identify, write/read through a shared queue data region and
-#                  nvmf-perf --verify (also with --per-io-keys) against nvmet-rdma
+#   kernel-target  nvmf discover/identify, write/read through a shared queue data region,
+#                  write-zeroes/dsm/flush, and nvmf-perf --verify (also with --per-io-keys)
+#                  against nvmet-rdma
 #   faults         nvmf-perf killed, nvme disconnect and nvmf-tgt SIGTERM under load
 #   all            every suite above
 #   bench          not in `all` (about 15 min): the Linux host + fio against nvmf-tgt (release

@@ -19,7 +19,7 @@ nvmet_up() {
   modprobe null_blk nr_devices=0 && modprobe nvmet-rdma || return
   local nb=/sys/kernel/config/nullb/nullb0 s=$CFS/subsystems/$NQN h
   mkdir "$nb" && echo 256 > "$nb/size" && echo $NS_BLOCK > "$nb/blocksize" &&
-    echo 1 > "$nb/memory_backed" && echo 1 > "$nb/power" || return
+    echo 1 > "$nb/memory_backed" && echo 1 > "$nb/discard" && echo 1 > "$nb/power" || return
   udevadm settle 2>/dev/null; wait_for 10 test -b /dev/nullb0 || return
   mkdir "$s" || return
   if [ "$1" = any ]; then echo 1 > "$s/attr_allow_any_host"; else

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Suite `kernel-target` (guest): nvmf-rs's host side against the Linux kernel's target
 # (nvmet-rdma) over rxe0: nvmf discover and identify, a write and read back through a shared
-# queue data region, then nvmf-perf with --verify on 4 qpairs, and with per-I/O keys (memory
+# queue data region, write-zeroes, dsm and flush, then nvmf-perf with --verify on 4 qpairs, and with per-I/O keys (memory
 # windows);
 # afterwards no qpair is left on either side.
 SUITE=kernel-target
@@ -30,6 +30,31 @@ nvmf_shared_region() {
     "${nvmf[@]}" connect | tee "$LOGS/nvmf-connect-shared.log" &&
     grep -q "^queue_data  : 262144$" "$LOGS/nvmf-connect-shared.log"
 }
+# Write Zeroes, Dataset Management (deallocate) and Flush over real verbs: 64 blocks of 512 B
+# written at LBA 8192, blocks 8196..8203 zeroed, 8220..8221 and 8230..8232 deallocated (null_blk
+# with discard: deallocated sectors are freed and read as zeroes), then read back: exactly those
+# blocks are zero, the others as written.
+nvmf_block_commands() {
+  local data="$LOGS/block-commands.data" back="$LOGS/block-commands.back"
+  local nvmf=(timeout 60 "$NVMF_BIN" -a "$IP" -s $PORT -n "$NQN")
+  head -c 32768 /dev/urandom > "$data" &&
+    "${nvmf[@]}" write -s 8192 -c 64 -d "$data" &&
+    "${nvmf[@]}" write-zeroes -s 8196 -c 8 | tee "$LOGS/block-commands.log" &&
+    "${nvmf[@]}" dsm --ad --slbs 8220,8230 --blocks 2,3 | tee -a "$LOGS/block-commands.log" &&
+    "${nvmf[@]}" flush | tee -a "$LOGS/block-commands.log" &&
+    "${nvmf[@]}" read -s 8192 -c 64 -d "$back" || return
+  # Byte ranges of the 64 blocks: as written (w) or zero (z).
+  local at=0 len kind
+  for span in w:2048 z:4096 w:8192 z:1024 w:4096 z:1536 w:11776; do
+    kind=${span%%:*} len=${span#*:}
+    if [ "$kind" = w ]; then cmp -n "$len" -i "$at:$at" "$data" "$back" || return
+    else cmp -n "$len" -i "$at:0" "$back" /dev/zero || return; fi
+    at=$((at + len))
+  done
+  [ "$at" -eq 32768 ] && grep -q "^write-zeroes: Success" "$LOGS/block-commands.log" &&
+    grep -q "^dsm: Success (2 ranges" "$LOGS/block-commands.log" &&
+    grep -q "^flush: Success" "$LOGS/block-commands.log"
+}
 # Per-I/O keys over real verbs: every command's data through its own type-2 memory window, which
 # nvmet-rdma ends with SEND_WITH_INVALIDATE (so the host never has to invalidate one itself).
 perf_per_io_keys() {
@@ -52,6 +77,7 @@ check "nvmet-rdma serves $NQN (null_blk 256 MiB, 512 B, any host) on $IP:$PORT" 
 check "nvmf discover lists $NQN" nvmf_discover
 check "nvmf id-ctrl $NQN" nvmf_identify
 check "nvmf write + read back 2 MiB through a 256 KiB shared queue data region" nvmf_shared_region
+check "nvmf write-zeroes, dsm --ad and flush: exactly the named blocks read back as zeroes" nvmf_block_commands
 SKIP_REASON=
 [ -x "$PERF_BIN" ] || { echo "nvmf-perf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf-perf binary"; }
 check "nvmf-perf randrw 4 KiB QD32, 4 qpairs, 30 s, --verify" perf_verify
