@@ -9,7 +9,7 @@
 # Suites (tests/lab/suite-*.sh):
 #   verbs          transport live tests, conformance and poll-group suites, nvmf-rdma pingpong on rxe
 #   kernel-peers   nvme-cli/nvme-rdma against nvmet-rdma: the kernel's own plumbing, same checks
-#   kernel-host    nvme-cli/nvme-rdma against nvmf-tgt
+#   kernel-host    nvme-cli/nvme-rdma against nvmf-tgt (fio verify, Write Zeroes and discard, ext4)
 #   kernel-target  nvmf discover/identify, write/read through a shared queue data region,
 #                  write-zeroes/dsm/flush, and nvmf-perf --verify (also with --per-io-keys)
 #                  against nvmet-rdma

@@ -137,6 +137,28 @@ fio_verify() {   # fio_verify DEV: written data reads back intact (random 4 KiB 
     --name=rand4k --rw=randwrite --bs=4k --iodepth=32 --offset=0 --size=32M \
     --name=seq128k --rw=write --bs=128k --iodepth=8 --offset=64M --size=64M
 }
+# The kernel's Write Zeroes (blkdiscard -z: BLKZEROOUT, no unmap) and discard (blkdiscard: Dataset
+# Management deallocate) on 256 KiB written at 200 MiB: bytes 16..48 KiB and 128..192 KiB read back
+# as zeroes, the rest as written. The queue limits say the host sends the commands themselves
+# (without Write Zeroes the kernel would write zero pages instead).
+zero_discard() {
+  local data="$LOGS/zero-discard.data" back="$LOGS/zero-discard.back" base=$((200 << 20))
+  local queue=/sys/block/${DEV##*/}/queue at=0 len kind
+  echo "write_zeroes_max_bytes=$(cat $queue/write_zeroes_max_bytes) discard_max_bytes=$(cat $queue/discard_max_bytes)"
+  [ "$(cat $queue/write_zeroes_max_bytes)" -gt 0 ] && [ "$(cat $queue/discard_max_bytes)" -gt 0 ] || return
+  head -c 262144 /dev/urandom > "$data" &&
+    dd if="$data" of="$DEV" bs=64k seek=$((base >> 16)) oflag=direct conv=fsync status=none &&
+    blkdiscard -z -o $((base + 16384)) -l 32768 "$DEV" &&
+    blkdiscard -o $((base + 131072)) -l 65536 "$DEV" &&
+    dd if="$DEV" of="$back" bs=64k skip=$((base >> 16)) count=4 iflag=direct status=none || return
+  for span in w:16384 z:32768 w:81920 z:65536 w:65536; do
+    kind=${span%%:*} len=${span#*:}
+    if [ "$kind" = w ]; then cmp -n "$len" -i "$at:$at" "$data" "$back" || return
+    else cmp -n "$len" -i "$at:0" "$back" /dev/zero || return; fi
+    at=$((at + len))
+  done
+  [ "$at" -eq 262144 ]
+}
 fs_roundtrip() {   # ext4 on the namespace: a file written, unmounted, mounted again reads back the same
   local m=/tmp/lab-mnt a b
   mkdir -p $m && mkfs.ext4 -q -F "$DEV" && mount "$DEV" $m || return
@@ -164,6 +186,7 @@ kernel_host_checks() {
   check "nvme connect as $HOST_NQN to $who" host_connect
   check "nvme id-ctrl / id-ns: subnqn $NQN, 256 MiB in 512 B blocks" identify
   check "fio write + crc32c verify (4 KiB random QD32, 128 KiB sequential)" fio_verify "$DEV"
+  check "blkdiscard -z (Write Zeroes) and blkdiscard (deallocate): exactly those bytes read back as zeroes" zero_discard
   check "mkfs.ext4 + mount: a file reads back intact after remount" fs_roundtrip
   check "nvme disconnect: controller and block device gone" host_disconnect
   check "no qpair left after disconnect (rdma res)" no_connections_left

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Suite `kernel-host` (guest): the Linux host (nvme-cli + nvme-rdma) against nvmf-tgt over rxe0:
-# discovery, connect, identify, verified I/O, a filesystem, disconnect, the host allow-list, and
-# no qpair left behind (by rdma res and by nvmf-tgt's own statistics); then nvmf-tgt stops cleanly on SIGTERM. Same checks as kernel-peers.
+# discovery, connect, identify, verified I/O, Write Zeroes and discard, a filesystem, disconnect,
+# the host allow-list, and no qpair left behind (by rdma res and by nvmf-tgt's own statistics);
+# then nvmf-tgt stops cleanly on SIGTERM. Same checks as kernel-peers.
 SUITE=kernel-host
 . "$(dirname "$0")/guest-lib.sh"
 . "$(dirname "$0")/suite-lib.sh"
