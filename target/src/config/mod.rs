@@ -196,6 +196,12 @@ pub struct TransportConfig {
     /// one.
     #[serde(default = "default_silent_answers")]
     pub silent_answers: Spanned<u32>,
+    /// Answer a host that asks for its key to be invalidated (keyed SGL subtype Invalidate
+    /// Key) with SEND_WITH_INVALIDATE, on devices that support it (memory management
+    /// extensions), as SPDK and nvmet do; false sends plain SENDs, and the host invalidates
+    /// its keys itself (a LOCAL_INV per command).
+    #[serde(default = "default_remote_invalidate")]
+    pub remote_invalidate: bool,
 }
 
 fn default_queue_depth() -> Spanned<u32> {
@@ -221,6 +227,10 @@ fn default_silent_answers() -> Spanned<u32> {
         0..0,
         nvmf_transport::pollgroup::PollGroupConfig::default().silent_answers,
     )
+}
+
+fn default_remote_invalidate() -> bool {
+    true
 }
 
 /// `[daemon]`.

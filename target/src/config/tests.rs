@@ -62,6 +62,17 @@ fn good_config_parses() {
         idle.reactors.idle_after(),
         std::time::Duration::from_micros(50)
     );
+    assert!(c.transport.remote_invalidate, "on unless the file says no");
+    let plain = broken(
+        "listen = [\"127.0.0.1:4420\"]",
+        "listen = [\"127.0.0.1:4420\"]\nremote_invalidate = false",
+    );
+    assert!(
+        !Config::parse(&plain, "plain.toml")
+            .unwrap()
+            .transport
+            .remote_invalidate
+    );
 }
 
 /// Replace the first occurrence of `from` in GOOD with `to`.
@@ -240,6 +251,14 @@ fn broken_configs_name_file_line_and_key() {
             ),
             "bad.toml:7: transport.silent_answers",
             "65 is outside 0..=64",
+        ),
+        (
+            broken(
+                "listen = [\"127.0.0.1:4420\"]",
+                "listen = [\"127.0.0.1:4420\"]\nremote_invalidate = \"no\"",
+            ),
+            "bad.toml:7: transport.remote_invalidate",
+            "expected a boolean",
         ),
         (
             broken("hosts = [", "listen = [\"127.0.0.2:4420\"]\nhosts = ["),

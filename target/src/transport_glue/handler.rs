@@ -90,6 +90,8 @@ pub struct NvmeHandler {
     disconnects: Vec<u32>,
     /// Completions reaped in one poll (capacity kept).
     completions: Vec<(u64, Cqe)>,
+    /// A host's key may be invalidated with the response (config and device allow it).
+    remote_invalidate: bool,
     /// Abort requests taken on a tick: (victim's queue key, victim cid, Abort cid).
     aborts: Vec<(usize, u16, u16)>,
 }
@@ -109,7 +111,17 @@ impl NvmeHandler {
             disconnects: Vec::new(),
             completions: Vec::new(),
             aborts: Vec::new(),
+            remote_invalidate: true,
         }
+    }
+
+    /// Whether a response may carry SEND_WITH_INVALIDATE of the key the host asked to have
+    /// invalidated (default true): false where the device cannot (no memory management
+    /// extensions) or the configuration says no (`[transport] remote_invalidate`). The host
+    /// then invalidates its key itself.
+    pub fn with_remote_invalidate(mut self, on: bool) -> NvmeHandler {
+        self.remote_invalidate = on;
+        self
     }
 
     /// This group's block-device context (its counters feed the statistics).
@@ -503,7 +515,11 @@ impl NvmeHandler {
             .get(req.index() as usize)
             .map_or(&[][..], |l| &l[..usize::from(count)]);
         // The host asked for its key to be invalidated with the response.
-        let send_op = match keyed.iter().find(|k| k.invalidate) {
+        let send_op = match keyed
+            .iter()
+            .find(|k| k.invalidate)
+            .filter(|_| self.remote_invalidate)
+        {
             Some(k) => SendOp::SendWithInv { rkey: k.key },
             None => SendOp::Send,
         };

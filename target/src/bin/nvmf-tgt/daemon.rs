@@ -19,7 +19,7 @@ use nvmf_target::config::{Config, Fabric, Provider};
 use nvmf_target::nvme::{ReactorIo, Target};
 use nvmf_target::rdma::{DeviceListen, PollGroupConfig, RdmaConfig, RdmaTransport};
 use nvmf_target::transport_glue::{Command, NvmeHandler};
-use nvmf_transport::{DeviceSpec, ProviderKind, SoftConfig, SoftFabric};
+use nvmf_transport::{DeviceCapFlags, DeviceSpec, ProviderKind, SoftConfig, SoftFabric};
 use std::net::{IpAddr, SocketAddr};
 
 use crate::stats::Stats;
@@ -147,6 +147,25 @@ fn attach_transport(
         "poll group sizing"
     );
     rdma.max_qid = target.limits().max_io_queues;
+    // Per device: SEND_WITH_INVALIDATE needs the memory management extensions.
+    let remote_invalidate: Vec<bool> = rdma
+        .devices
+        .iter()
+        .map(|d| {
+            let able = d
+                .ctx
+                .query_device()
+                .is_ok_and(|a| a.cap_flags.contains(DeviceCapFlags::MEM_MGT_EXTENSIONS));
+            if t.remote_invalidate && !able {
+                tracing::info!(
+                    device = d.ctx.name(),
+                    "no memory management extensions: responses never invalidate a host's key \
+                     (the host does)"
+                );
+            }
+            t.remote_invalidate && able
+        })
+        .collect();
     let mut io: Vec<Option<ReactorIo>> = io.into_iter().map(Some).collect();
     let transport = RdmaTransport::start(runtime.reactors(), rdma, |info| {
         let io = io
@@ -154,6 +173,7 @@ fn attach_transport(
             .and_then(Option::take)
             .unwrap_or_else(|| ReactorIo::new(target.clone()));
         NvmeHandler::new(target.clone(), io)
+            .with_remote_invalidate(remote_invalidate.get(info.device).copied().unwrap_or(false))
     })
     .context("starting the RDMA transport")?;
     tracing::info!(listening = ?transport.listening(), "serving NVMe-oF over RDMA");
