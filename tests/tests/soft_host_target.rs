@@ -59,6 +59,18 @@ type Transport = RdmaTransport<nvmf_target::transport_glue::Command, NvmeHandler
 
 /// The target's RDMA transport on `runtime`, serving `target` at `addr` of `ctx`.
 fn serve(runtime: &Runtime, target: &Arc<Target>, ctx: &Context, addr: SocketAddr) -> Transport {
+    serve_invalidating(runtime, target, ctx, addr, true)
+}
+
+/// As `serve`; `remote_invalidate` false answers with plain SENDs where the host asked for its
+/// key to be invalidated (`[transport] remote_invalidate`).
+fn serve_invalidating(
+    runtime: &Runtime,
+    target: &Arc<Target>,
+    ctx: &Context,
+    addr: SocketAddr,
+    remote_invalidate: bool,
+) -> Transport {
     let mut rdma = RdmaConfig::new(vec![DeviceListen {
         ctx: ctx.clone(),
         listen: vec![addr],
@@ -67,6 +79,7 @@ fn serve(runtime: &Runtime, target: &Arc<Target>, ctx: &Context, addr: SocketAdd
     let t = target.clone();
     RdmaTransport::start(runtime.reactors(), rdma, move |_| {
         NvmeHandler::new(t.clone(), ReactorIo::new(t.clone()))
+            .with_remote_invalidate(remote_invalidate)
     })
     .expect("RDMA transport")
 }
@@ -121,7 +134,7 @@ fn in_process_fabric_moves_verified_data() {
         SoftFabric::InProcess,
         "soft",
         Ipv4Addr::new(127, 0, 9, 2),
-        false,
+        Keys::Long,
     );
 }
 
@@ -131,7 +144,7 @@ fn tcp_fabric_moves_verified_data() {
         SoftFabric::Tcp,
         "soft-tcp",
         Ipv4Addr::new(127, 0, 9, 3),
-        false,
+        Keys::Long,
     );
 }
 
@@ -142,15 +155,40 @@ fn per_io_keys_move_verified_data() {
         SoftFabric::InProcess,
         "soft",
         Ipv4Addr::new(127, 0, 9, 5),
-        true,
+        Keys::PerIo {
+            target_invalidates: true,
+        },
     );
+}
+
+/// Every I/O's window left valid by the target (`remote_invalidate = false`): the host
+/// invalidates each one itself before it reports the command.
+#[test]
+fn per_io_keys_the_target_leaves_valid_are_invalidated_by_the_host() {
+    host_and_target_move_verified_data(
+        SoftFabric::InProcess,
+        "soft",
+        Ipv4Addr::new(127, 0, 9, 8),
+        Keys::PerIo {
+            target_invalidates: false,
+        },
+    );
+}
+
+/// How the host keys its data.
+#[derive(Clone, Copy, PartialEq)]
+enum Keys {
+    /// One long-lived key per queue.
+    Long,
+    /// A memory window per I/O; the target invalidates it with its response or not.
+    PerIo { target_invalidates: bool },
 }
 
 fn host_and_target_move_verified_data(
     fabric_kind: SoftFabric,
     transport_name: &str,
     ip: Ipv4Addr,
-    per_io_keys: bool,
+    keys: Keys,
 ) {
     let config = config(ip);
     let target = Arc::new(Target::from_config(&config).expect("target"));
@@ -168,7 +206,11 @@ fn host_and_target_move_verified_data(
     }))
     .expect("soft device");
     let addr = SocketAddr::new(IpAddr::V4(ip), 4420);
-    let transport = serve(&runtime, &target, &ctx, addr);
+    let remote_invalidate = keys
+        != Keys::PerIo {
+            target_invalidates: false,
+        };
+    let transport = serve_invalidating(&runtime, &target, &ctx, addr, remote_invalidate);
 
     let address = TransportAddress {
         transport: transport_name.into(),
@@ -182,7 +224,7 @@ fn host_and_target_move_verified_data(
     );
     options.io_queues = 2;
     options.io_queue_depth = 32;
-    options.per_io_keys = per_io_keys;
+    options.per_io_keys = keys != Keys::Long;
     options.reconnect = ReconnectPolicy::never();
     let fabric = RdmaFabric::new(transport_name, None).expect("fabric");
     let controller = Controller::connect(
@@ -211,9 +253,13 @@ fn host_and_target_move_verified_data(
     controller.shutdown().expect("clean shutdown");
 
     // nvmf-perf's engine: verified random read/write on two host reactors.
-    let mut controller =
-        Controller::connect(fabric.spread(2), address, options, Arc::new(SystemClock))
-            .expect("again");
+    let mut controller = Controller::connect(
+        fabric.clone().spread(2),
+        address,
+        options,
+        Arc::new(SystemClock),
+    )
+    .expect("again");
     let cfg = RunConfig {
         spec: JobSpec {
             pattern: Pattern::RandRw,
@@ -243,6 +289,20 @@ fn host_and_target_move_verified_data(
         "{report:?}"
     );
     assert!(report.to_text().contains("host reactor busy"));
+    let host_invalidated: u64 = fabric
+        .host_groups()
+        .iter()
+        .map(|g| g.local_invalidations)
+        .sum();
+    if keys
+        == (Keys::PerIo {
+            target_invalidates: false,
+        })
+    {
+        assert!(host_invalidated > 0, "the host invalidated no window");
+    } else {
+        assert_eq!(host_invalidated, 0, "the target left keys valid");
+    }
     controller.shutdown().expect("clean shutdown");
     transport
         .stop(Duration::from_secs(5))
@@ -306,7 +366,14 @@ fn the_host_reconnects_after_the_target_restarts_and_reads_its_data() {
 /// TCP device here, so windows stay on).
 #[test]
 fn per_io_keys_over_the_tcp_fabric_move_verified_data() {
-    host_and_target_move_verified_data(SoftFabric::Tcp, "soft", Ipv4Addr::new(127, 0, 9, 6), true);
+    host_and_target_move_verified_data(
+        SoftFabric::Tcp,
+        "soft",
+        Ipv4Addr::new(127, 0, 9, 6),
+        Keys::PerIo {
+            target_invalidates: true,
+        },
+    );
 }
 
 /// nvmf-perf's lazy read path (`IoQueue::poll_lazy`) over a real registered region: whatever

@@ -132,6 +132,9 @@ pub struct HostGroupInfo {
     pub polls: u64,
     /// The poll group's counters (how its qpairs' drains ended, among others).
     pub stats: PollGroupStats,
+    /// Memory windows the host invalidated itself (LOCAL_INV) because the target's response
+    /// left their key valid: per-I/O keys against a target that does not invalidate them.
+    pub local_invalidations: u64,
 }
 
 /// Hands each poll-group callback to the [`Side`] of the queue it concerns, and lists the
@@ -141,6 +144,8 @@ pub(super) struct Router {
     /// Tokens of the sides listed for [`HostGroup::poll_ready`] (each side at most once while
     /// its `listed` is set; a token whose side left may linger until the next `poll_ready`).
     listed: Vec<u64>,
+    /// Windows the host invalidated itself (the target answered with a plain SEND).
+    local_invalidations: u64,
 }
 
 impl Router {
@@ -196,7 +201,10 @@ impl Router {
             inline: false,
         };
         match pg.post_chain(req, &[inv], false) {
-            Ok(()) => None,
+            Ok(()) => {
+                self.local_invalidations += 1;
+                None
+            }
             Err(e) => {
                 side.lose(format!("local invalidate of a window: {e}"));
                 let back = pg.request_mut(req).map(|r| std::mem::take(&mut r.user));
@@ -434,6 +442,7 @@ impl HostGroup {
                 sides: Vec::new(),
                 // Each member listed at most once: no allocation on the fast path.
                 listed: Vec::with_capacity(cfg.max_queues as usize),
+                local_invalidations: 0,
             },
             polls: 0,
             reserved: Vec::new(),
@@ -546,6 +555,7 @@ impl HostGroup {
             recv_queued,
             polls: self.polls,
             stats: self.pg.stats(),
+            local_invalidations: self.router.local_invalidations,
         }
     }
 }
