@@ -13,7 +13,8 @@
 #   kernel-target  nvmf discover/identify, write/read through a shared queue data region,
 #                  write-zeroes/dsm/flush, and nvmf-perf --verify (also with --per-io-keys)
 #                  against nvmet-rdma
-#   faults         nvmf-perf killed, nvme disconnect and nvmf-tgt SIGTERM under load
+#   faults         nvmf-perf killed, nvme disconnect and nvmf-tgt SIGTERM under load; a target
+#                  that leaves per-I/O keys valid (the host's LOCAL_INV)
 #   all            every suite above
 #   bench          not in `all` (about 15 min): the Linux host + fio against nvmf-tgt (release
 #                  build) and against nvmet-rdma, alternated, in one boot; the table ours / kernel

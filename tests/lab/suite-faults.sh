@@ -3,6 +3,7 @@
 # that must keep being served: nvmf-perf killed mid-run, `nvme disconnect` under fio load,
 # nvmf-tgt SIGTERM under load. After each: no qpair leaked (rdma res, and after the kill nvmf-tgt's
 # own statistics: only the bystander's qpairs, every receive slot back), the target still serves.
+# First, on an nvmf-tgt of its own: a target that never invalidates a host's per-I/O key.
 SUITE=faults
 . "$(dirname "$0")/guest-lib.sh"
 . "$(dirname "$0")/suite-lib.sh"
@@ -45,6 +46,25 @@ slots_back() {   # nvmf-tgt's own statistics: as many qpairs as the Linux host h
   [ "$n" -gt 0 ] || { echo "the bystander holds no qpair"; rdma res show qp; return 1; }
   tgt_holds "$n"
 }
+# A target that leaves every per-I/O key valid (nvmf-tgt with remote_invalidate = false, started
+# on its own first): nvmf-perf's host invalidates each window itself (LOCAL_INV on rxe) before it
+# reports the command, and the data verifies; then that nvmf-tgt exits 0 on SIGTERM.
+host_invalidates() {
+  local config="$LOGS/nvmf-tgt-no-invalidate.toml" log="$LOGS/perf-host-invalidates.log" rc
+  sed 's/^\[transport\]$/[transport]\nremote_invalidate = false/' "$LAB/nvmf-tgt.toml" > "$config" &&
+    grep -q "^remote_invalidate = false$" "$config" || return
+  "$TGT_BIN" --config "$config" > "$LOGS/nvmf-tgt-no-invalidate.log" 2>&1 & TGT=$!
+  wait_for 60 tgt_listening || { cat "$LOGS/nvmf-tgt-no-invalidate.log"; return 1; }
+  RUST_LOG=nvmf_initiator::rdma=debug timeout 60 "$PERF_BIN" -a "$IP" -s $PORT -n "$NQN" \
+    --hostnqn "$PERF_NQN" -q 32 -o 4096 -w randrw -t 10 --verify --per-io-keys > "$log" 2>&1
+  rc=$?
+  tail -5 "$log"
+  echo "windows the host invalidated: $(grep -c "the host invalidates it" "$log")"
+  kill -TERM "$TGT" && wait_for 30 gone "$TGT" || { echo "nvmf-tgt still running"; return 1; }
+  wait "$TGT" || { echo "nvmf-tgt exited $?"; return 1; }
+  [ "$rc" -eq 0 ] && grep -q "memory windows for per-I/O keys" "$log" &&
+    grep -q "the host invalidates it" "$log"
+}
 disconnect_under_load() { start_load disconnect && host_disconnect && load_ends 60 disconnect; }
 sigterm_under_load() { start_load sigterm && tgt_down; }
 host_gives_up() {   # with the target gone the host ends the load, drops the controller, holds nothing
@@ -57,6 +77,7 @@ host_gives_up() {   # with the target gone the host ends the load, drops the con
 
 [ -x "$TGT_BIN" ] || { echo "nvmf-tgt is not built (not in the workspace yet): every check skipped"
                        SKIP_REASON="no nvmf-tgt binary"; }
+check "nvmf-perf --per-io-keys --verify against nvmf-tgt with remote_invalidate = false: the host invalidates every window itself" host_invalidates
 check "nvmf-tgt --config tests/lab/nvmf-tgt.toml listens on $IP:$PORT" tgt_up
 check "Linux host connected (the bystander)" host_connect "${HOST_OPTS[@]}"
 
