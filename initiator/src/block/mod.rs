@@ -133,11 +133,10 @@ impl<F: Fabric> BlockDevice<F> {
         let ns = self.ns()?;
         let index = self.queue_index;
         let queue = self.controller.io_queue_mut(index)?;
-        let chunk = match direction {
-            // No data moves: only the 16-bit block count bounds a command.
-            Direction::WriteZeroes => 0x1_0000,
-            _ => (queue.limits().max_transfer as u64 / u64::from(ns.block_size)).clamp(1, 0x1_0000),
-        };
+        // Write Zeroes moves no data, but a target may cap it (WZSL, which SPDK enforces): like
+        // the Linux host without that field, it is split as a transfer would be.
+        let chunk =
+            (queue.limits().max_transfer as u64 / u64::from(ns.block_size)).clamp(1, 0x1_0000);
         let end = lba + blocks;
         let mut next = lba;
         let mut outstanding = 0usize;
@@ -325,8 +324,8 @@ impl<F: Fabric> BlockDevice<F> {
         Ok(())
     }
 
-    /// Zero blocks `lba..lba + blocks` with Write Zeroes commands (no data moves: up to 65,536
-    /// blocks each, pipelined).
+    /// Zero blocks `lba..lba + blocks` with Write Zeroes commands, no data sent; split by the
+    /// largest transfer (see `blocks_io`) and pipelined.
     pub fn write_zeroes(&mut self, lba: u64, blocks: u64) -> Result<()> {
         self.supported(ONCS_WRITE_ZEROES, "Write Zeroes")?;
         self.check_blocks(lba, blocks)?;

@@ -194,9 +194,11 @@ fn a_shared_data_region_smaller_than_the_depth_needs_still_moves_large_requests(
     assert_eq!(target.read_namespace(1, 777..777 + data.len()), data);
 }
 
-/// A namespace of `blocks` 512-byte blocks, every byte set from its offset.
+/// A namespace of `blocks` 512-byte blocks, every byte set from its offset; transfers of at
+/// most 8 KiB (16 blocks).
 fn patterned(blocks: u64) -> (LoopbackTarget, BlockDevice<LoopbackFabric>, Vec<u8>) {
     let config = LoopbackConfig {
+        mdts: 1,
         namespaces: vec![NamespaceConfig {
             blocks,
             block_shift: 9,
@@ -212,14 +214,14 @@ fn patterned(blocks: u64) -> (LoopbackTarget, BlockDevice<LoopbackFabric>, Vec<u
 }
 
 #[test]
-fn write_zeroes_zeroes_exactly_its_blocks_past_one_commands_count() {
-    // 65,536 blocks is one command's most: 70,001 takes two.
-    let (target, mut dev, mut model) = patterned(80_000);
+fn write_zeroes_zeroes_exactly_its_blocks_in_commands_of_the_largest_transfer() {
+    let (target, mut dev, mut model) = patterned(2_000);
     let before = target.stats().commands;
-    dev.write_zeroes(3, 70_001).unwrap();
-    model[3 * 512..70_004 * 512].fill(0);
+    dev.write_zeroes(3, 1_001).unwrap();
+    model[3 * 512..1_004 * 512].fill(0);
     assert_eq!(target.read_namespace(1, 0..model.len()), model);
-    assert_eq!(target.stats().commands - before, 2, "two Write Zeroes");
+    // 16 blocks per command, as a transfer of MDTS: 63 Write Zeroes.
+    assert_eq!(target.stats().commands - before, 63);
 }
 
 #[test]
