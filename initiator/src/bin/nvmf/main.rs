@@ -139,22 +139,17 @@ enum Command {
     },
 }
 
+/// Blocks and the file their data comes from or goes to.
 #[derive(Debug, clap::Args)]
 struct Range {
-    /// Namespace id.
-    #[arg(short = 'N', long, default_value_t = 1)]
-    nsid: u32,
-    /// First LBA.
-    #[arg(short = 's', long)]
-    start_block: u64,
-    /// Number of blocks.
-    #[arg(short = 'c', long)]
-    block_count: u64,
+    #[command(flatten)]
+    blocks: Blocks,
     /// Data file (default stdin / stdout).
     #[arg(short = 'd', long)]
     data: Option<std::path::PathBuf>,
 }
 
+/// A namespace's blocks.
 #[derive(Debug, clap::Args)]
 struct Blocks {
     /// Namespace id.
@@ -307,6 +302,7 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
             }
         }
         Command::Read(r) | Command::Write(r) | Command::Compare(r) => {
+            let (data_file, r) = (&r.data, &r.blocks);
             let mut dev = BlockDevice::new(c, r.nsid)?;
             let bs = u64::from(dev.block_size());
             let len = usize::try_from(r.block_count * bs).context("range too large")?;
@@ -314,14 +310,14 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
                 Command::Read(_) => {
                     let mut buf = vec![0u8; len];
                     dev.read_at(r.start_block * bs, &mut buf)?;
-                    match &r.data {
+                    match data_file {
                         Some(p) => std::fs::write(p, &buf)
                             .with_context(|| format!("write {}", p.display()))?,
                         None => std::io::stdout().write_all(&buf).context("write stdout")?,
                     }
                 }
                 Command::Write(_) => {
-                    let mut data = input(&r.data)?;
+                    let mut data = input(data_file)?;
                     if data.len() > len {
                         bail!(
                             "{} bytes of input exceed {} blocks ({len} bytes)",
@@ -334,7 +330,7 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
                     dev.flush()?;
                 }
                 _ => {
-                    let mut data = input(&r.data)?;
+                    let mut data = input(data_file)?;
                     data.resize(len, 0);
                     mismatch = !dev.compare_blocks(r.start_block, &data)?;
                     eprintln!("compare: {}", if mismatch { "MISMATCH" } else { "Success" });
