@@ -147,6 +147,11 @@ fn attach_transport(
         "poll group sizing"
     );
     rdma.max_qid = target.limits().max_io_queues;
+    if !t.remote_invalidate {
+        tracing::info!(
+            "remote_invalidate = false: responses never invalidate a host's key (the host does)"
+        );
+    }
     // Per device: SEND_WITH_INVALIDATE needs the memory management extensions.
     let remote_invalidate: Vec<bool> = rdma
         .devices
