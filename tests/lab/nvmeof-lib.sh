@@ -137,27 +137,34 @@ fio_verify() {   # fio_verify DEV: written data reads back intact (random 4 KiB 
     --name=rand4k --rw=randwrite --bs=4k --iodepth=32 --offset=0 --size=32M \
     --name=seq128k --rw=write --bs=128k --iodepth=8 --offset=64M --size=64M
 }
+# compare_spans WRITTEN BACK SPAN...: BACK, read back after WRITTEN was written, holds in order
+# each SPAN's bytes: w:N, N bytes as written; z:N, N zero bytes.
+compare_spans() {
+  local data=$1 back=$2 at=0 len kind span
+  shift 2
+  for span in "$@"; do
+    kind=${span%%:*} len=${span#*:}
+    if [ "$kind" = w ]; then cmp -n "$len" -i "$at:$at" "$data" "$back" || return
+    else cmp -n "$len" -i "$at:0" "$back" /dev/zero || return; fi
+    at=$((at + len))
+  done
+  [ "$at" -eq "$(stat -c %s "$back")" ] || { echo "spans cover $at bytes of $(stat -c %s "$back")"; return 1; }
+}
 # The kernel's Write Zeroes (blkdiscard -z: BLKZEROOUT, no unmap) and discard (blkdiscard: Dataset
 # Management deallocate) on 256 KiB written at 200 MiB: bytes 16..48 KiB and 128..192 KiB read back
 # as zeroes, the rest as written. The queue limits say the host sends the commands themselves
 # (without Write Zeroes the kernel would write zero pages instead).
 zero_discard() {
   local data="$LOGS/zero-discard.data" back="$LOGS/zero-discard.back" base=$((200 << 20))
-  local queue=/sys/block/${DEV##*/}/queue at=0 len kind
+  local queue=/sys/block/${DEV##*/}/queue
   echo "write_zeroes_max_bytes=$(cat $queue/write_zeroes_max_bytes) discard_max_bytes=$(cat $queue/discard_max_bytes)"
   [ "$(cat $queue/write_zeroes_max_bytes)" -gt 0 ] && [ "$(cat $queue/discard_max_bytes)" -gt 0 ] || return
   head -c 262144 /dev/urandom > "$data" &&
     dd if="$data" of="$DEV" bs=64k seek=$((base >> 16)) oflag=direct conv=fsync status=none &&
     blkdiscard -z -o $((base + 16384)) -l 32768 "$DEV" &&
     blkdiscard -o $((base + 131072)) -l 65536 "$DEV" &&
-    dd if="$DEV" of="$back" bs=64k skip=$((base >> 16)) count=4 iflag=direct status=none || return
-  for span in w:16384 z:32768 w:81920 z:65536 w:65536; do
-    kind=${span%%:*} len=${span#*:}
-    if [ "$kind" = w ]; then cmp -n "$len" -i "$at:$at" "$data" "$back" || return
-    else cmp -n "$len" -i "$at:0" "$back" /dev/zero || return; fi
-    at=$((at + len))
-  done
-  [ "$at" -eq 262144 ]
+    dd if="$DEV" of="$back" bs=64k skip=$((base >> 16)) count=4 iflag=direct status=none &&
+    compare_spans "$data" "$back" w:16384 z:32768 w:81920 z:65536 w:65536
 }
 fs_roundtrip() {   # ext4 on the namespace: a file written, unmounted, mounted again reads back the same
   local m=/tmp/lab-mnt a b

@@ -1,9 +1,8 @@
 #!/bin/bash
 # Suite `kernel-target` (guest): nvmf-rs's host side against the Linux kernel's target
 # (nvmet-rdma) over rxe0: nvmf discover and identify, a write and read back through a shared
-# queue data region, write-zeroes, dsm and flush, then nvmf-perf with --verify on 4 qpairs, and with per-I/O keys (memory
-# windows);
-# afterwards no qpair is left on either side.
+# queue data region, write-zeroes, dsm and flush, then nvmf-perf with --verify on 4 qpairs, and
+# with per-I/O keys (memory windows); afterwards no qpair is left on either side.
 SUITE=kernel-target
 . "$(dirname "$0")/guest-lib.sh"
 . "$(dirname "$0")/suite-lib.sh"
@@ -42,16 +41,9 @@ nvmf_block_commands() {
     "${nvmf[@]}" write-zeroes -s 8196 -c 8 | tee "$LOGS/block-commands.log" &&
     "${nvmf[@]}" dsm --ad --slbs 8220,8230 --blocks 2,3 | tee -a "$LOGS/block-commands.log" &&
     "${nvmf[@]}" flush | tee -a "$LOGS/block-commands.log" &&
-    "${nvmf[@]}" read -s 8192 -c 64 -d "$back" || return
-  # Byte ranges of the 64 blocks: as written (w) or zero (z).
-  local at=0 len kind
-  for span in w:2048 z:4096 w:8192 z:1024 w:4096 z:1536 w:11776; do
-    kind=${span%%:*} len=${span#*:}
-    if [ "$kind" = w ]; then cmp -n "$len" -i "$at:$at" "$data" "$back" || return
-    else cmp -n "$len" -i "$at:0" "$back" /dev/zero || return; fi
-    at=$((at + len))
-  done
-  [ "$at" -eq 32768 ] && grep -q "^write-zeroes: Success" "$LOGS/block-commands.log" &&
+    "${nvmf[@]}" read -s 8192 -c 64 -d "$back" &&
+    compare_spans "$data" "$back" w:2048 z:4096 w:8192 z:1024 w:4096 z:1536 w:11776 &&
+    grep -q "^write-zeroes: Success" "$LOGS/block-commands.log" &&
     grep -q "^dsm: Success (2 ranges" "$LOGS/block-commands.log" &&
     grep -q "^flush: Success" "$LOGS/block-commands.log"
 }
