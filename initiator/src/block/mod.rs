@@ -367,13 +367,7 @@ impl<F: Fabric> BlockDevice<F> {
             let queue = dev.controller.io_queue_mut(index)?;
             for command in pieces.chunks(DSM_MAX_RANGES) {
                 queue.submit_deallocate(&ns, command, 0)?;
-                let mut result = None;
-                while result.is_none() {
-                    if queue.poll(|c, _| result = Some(c.result)) == 0 {
-                        std::hint::spin_loop();
-                    }
-                }
-                result.unwrap_or(Ok(()))?;
+                only_completion(queue)?;
             }
             Ok(())
         })
@@ -386,15 +380,20 @@ impl<F: Fabric> BlockDevice<F> {
             let index = dev.queue_index;
             let queue = dev.controller.io_queue_mut(index)?;
             queue.submit_flush(nsid, 0)?;
-            let mut result = None;
-            while result.is_none() {
-                if queue.poll(|c, _| result = Some(c.result)) == 0 {
-                    std::hint::spin_loop();
-                }
-            }
-            result.unwrap_or(Ok(()))
+            only_completion(queue)
         })
     }
+}
+
+/// Waits for the one command in flight on `queue` and returns its result.
+fn only_completion<Q: crate::queue::HostQueue>(queue: &mut crate::io::IoQueue<Q>) -> Result<()> {
+    let mut result = None;
+    while result.is_none() {
+        if queue.poll(|c, _| result = Some(c.result)) == 0 {
+            std::hint::spin_loop();
+        }
+    }
+    result.unwrap_or(Ok(()))
 }
 
 #[cfg(test)]
