@@ -17,21 +17,16 @@ fn write_zeroes_and_deallocate_clear_exactly_their_blocks() {
     let written: Vec<u8> = (0..BLOCKS * 512).map(|i| (i % 251) as u8 | 1).collect();
     let data = rig.dir.path().join("written.bin");
     std::fs::write(&data, &written).expect("data file");
-    let data_arg = data.to_str().expect("utf-8 path");
-    let (first, blocks) = (FIRST.to_string(), BLOCKS.to_string());
     // Blocks 20..30 zeroed, 40..42 and 50..53 deallocated (nvmf-tgt's DLFEAT: read as zeroes).
     let mut expected = written.clone();
     for (lba, n) in [(20, 10), (40, 2), (50, 3)] {
         expected[(lba - FIRST) * 512..(lba - FIRST + n) * 512].fill(0);
     }
-    for nsid in ["1", "2"] {
-        let nvmf = |args: &[&str]| {
-            let (status, out, err) =
-                rig.nvmf(&[&args[..1], &["--nsid", nsid], &args[1..]].concat());
-            assert!(status.success(), "nvmf {args:?} on namespace {nsid}: {err}");
-            out
-        };
-        nvmf(&["write", "-s", &first, "-c", &blocks, "-d", data_arg]);
+    for nsid in [1, 2] {
+        let ns = nsid.to_string();
+        let nvmf =
+            |args: &[&str]| rig.nvmf_ok(&[&args[..1], &["--nsid", &ns], &args[1..]].concat());
+        rig.block_io("write", nsid, FIRST, BLOCKS, &data);
         let out = nvmf(&["write-zeroes", "-s", "20", "-c", "10"]);
         assert!(out.contains("write-zeroes: Success"), "{out}");
         let out = nvmf(&["dsm", "--ad", "--slbs", "40,50", "--blocks", "2,3"]);
@@ -39,15 +34,7 @@ fn write_zeroes_and_deallocate_clear_exactly_their_blocks() {
         let out = nvmf(&["flush"]);
         assert!(out.contains("flush: Success"), "{out}");
         let back = rig.dir.path().join(format!("back-{nsid}.bin"));
-        nvmf(&[
-            "read",
-            "-s",
-            &first,
-            "-c",
-            &blocks,
-            "-d",
-            back.to_str().expect("utf-8"),
-        ]);
+        rig.block_io("read", nsid, FIRST, BLOCKS, &back);
         assert!(
             std::fs::read(&back).expect("read back") == expected,
             "namespace {nsid}: not exactly the named blocks read as zeroes"

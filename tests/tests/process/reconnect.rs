@@ -26,20 +26,7 @@ fn target_killed_mid_io_then_restarted_host_reconnects_and_data_survives() {
         .collect();
     let data = rig.dir.path().join("kept.bin");
     std::fs::write(&data, &kept).expect("data file");
-    let blocks = KEPT_BLOCKS.to_string();
-    let data_arg = data.to_str().expect("utf-8 path");
-    let (status, _, err) = rig.nvmf(&[
-        "write",
-        "--nsid",
-        "1",
-        "--start-block",
-        "8",
-        "--block-count",
-        &blocks,
-        "--data",
-        data_arg,
-    ]);
-    assert!(status.success(), "nvmf write: {err}");
+    rig.block_io("write", 1, 8, KEPT_BLOCKS, &data);
 
     // Verified load on namespace 2 with a reconnect policy.
     let perf_out = rig.dir.path().join("perf.json");
@@ -145,18 +132,7 @@ fn target_killed_mid_io_then_restarted_host_reconnects_and_data_survives() {
 
     // The data flushed before the kill reads back intact.
     let back = rig.dir.path().join("back.bin");
-    let (status, _, err) = rig.nvmf(&[
-        "read",
-        "--nsid",
-        "1",
-        "--start-block",
-        "8",
-        "--block-count",
-        &blocks,
-        "--data",
-        back.to_str().expect("utf-8 path"),
-    ]);
-    assert!(status.success(), "nvmf read: {err}");
+    rig.block_io("read", 1, 8, KEPT_BLOCKS, &back);
     assert!(
         std::fs::read(&back).expect("read back") == kept,
         "flushed data changed across the kill and restart"

@@ -150,6 +150,31 @@ impl Rig {
             String::from_utf8_lossy(&out.stderr).into(),
         )
     }
+
+    /// `nvmf ARGS...`, which must succeed: its stdout.
+    pub fn nvmf_ok(&self, args: &[&str]) -> String {
+        let (status, out, err) = self.nvmf(args);
+        assert!(status.success(), "nvmf {args:?}: {status}\n{err}");
+        out
+    }
+
+    /// `nvmf VERB` (read or write) of `count` blocks from `first` of namespace `nsid`, the data
+    /// in `file`; must succeed.
+    pub fn block_io(&self, verb: &str, nsid: u32, first: usize, count: usize, file: &Path) {
+        let (nsid, first, count) = (nsid.to_string(), first.to_string(), count.to_string());
+        let file = file.to_str().expect("utf-8 path");
+        self.nvmf_ok(&[
+            verb,
+            "--nsid",
+            &nsid,
+            "--start-block",
+            &first,
+            "--block-count",
+            &count,
+            "--data",
+            file,
+        ]);
+    }
 }
 
 pub fn sigterm(process: &mut Process) -> ExitStatus {
