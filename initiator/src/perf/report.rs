@@ -226,6 +226,10 @@ pub struct Report {
     /// caller, also a shared data region smaller than depth x I/O size), so every figure above
     /// is at the smaller depth.
     pub depth_capped: Option<DepthCap>,
+    /// Per-I/O keys (nvmf-perf --per-io-keys) the host invalidated itself because the
+    /// target's response left them valid (a target that does not send SEND_WITH_INVALIDATE):
+    /// a LOCAL_INV per such I/O before it completes. 0 when the fabric does not count them.
+    pub host_invalidations: u64,
 }
 
 /// A queue depth asked and the one the jobs could run at.
@@ -278,6 +282,7 @@ impl Report {
             connected_at_end: true,
             host_busy_percent: Vec::new(),
             depth_capped: None,
+            host_invalidations: 0,
         }
     }
 
@@ -336,6 +341,12 @@ impl Report {
                 "lost with the connection: {}  reconnects: {}  I/O after the last reconnect: {}  \
                  connected at the end: {}\n",
                 self.total.lost, self.reconnects, self.ios_after_reconnect, self.connected_at_end
+            ));
+        }
+        if self.host_invalidations > 0 {
+            s.push_str(&format!(
+                "per-I/O keys the host invalidated itself (the target left them valid): {}\n",
+                self.host_invalidations
             ));
         }
         if let Some(cap) = &self.depth_capped {

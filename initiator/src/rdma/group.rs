@@ -39,6 +39,7 @@
 //! The group lives while any of its queues does (each holds an `Arc`; the registry a `Weak`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
@@ -146,6 +147,9 @@ pub(super) struct Router {
     listed: Vec<u64>,
     /// Windows the host invalidated itself (the target answered with a plain SEND).
     local_invalidations: u64,
+    /// The same count over every group of the fabric, those gone included
+    /// ([`Registry::local_invalidations`]).
+    fabric_local_invalidations: Arc<AtomicU64>,
 }
 
 impl Router {
@@ -203,6 +207,8 @@ impl Router {
         match pg.post_chain(req, &[inv], false) {
             Ok(()) => {
                 self.local_invalidations += 1;
+                self.fabric_local_invalidations
+                    .fetch_add(1, Ordering::Relaxed);
                 None
             }
             Err(e) => {
@@ -389,7 +395,12 @@ impl GroupEvents {
 }
 
 impl HostGroup {
-    fn new(ctx: &Context, cfg: HostGroupConfig, home: QueueHome) -> Result<Self, TransportError> {
+    fn new(
+        ctx: &Context,
+        cfg: HostGroupConfig,
+        home: QueueHome,
+        fabric_local_invalidations: Arc<AtomicU64>,
+    ) -> Result<Self, TransportError> {
         // One response per request object (the headroom's included: the SRQ is sized with
         // the group's `max_requests`, which `NextPass` checks): they cover every queue. On
         // an SRQ a poll's freed slots go back after the submissions that follow it (off the
@@ -443,6 +454,7 @@ impl HostGroup {
                 // Each member listed at most once: no allocation on the fast path.
                 listed: Vec::with_capacity(cfg.max_queues as usize),
                 local_invalidations: 0,
+                fabric_local_invalidations,
             },
             polls: 0,
             reserved: Vec::new(),
@@ -587,6 +599,9 @@ type GroupKey = (QueueHome, String);
 #[derive(Default)]
 pub(super) struct Registry {
     groups: Mutex<HashMap<GroupKey, Weak<Mutex<HostGroup>>>>,
+    /// Windows the host invalidated itself, over every group made (a group goes with its
+    /// last queue; its count stays here).
+    local_invalidations: Arc<AtomicU64>,
 }
 
 impl Registry {
@@ -605,10 +620,20 @@ impl Registry {
         if let Some(g) = groups.get(&key).and_then(Weak::upgrade) {
             return Ok(g);
         }
-        let g = Arc::new(Mutex::new(HostGroup::new(ctx, cfg, home)?));
+        let g = Arc::new(Mutex::new(HostGroup::new(
+            ctx,
+            cfg,
+            home,
+            self.local_invalidations.clone(),
+        )?));
         groups.retain(|_, w| w.strong_count() > 0);
         groups.insert(key, Arc::downgrade(&g));
         Ok(g)
+    }
+
+    /// Windows the host invalidated itself in every group made so far.
+    pub(super) fn local_invalidations(&self) -> u64 {
+        self.local_invalidations.load(Ordering::Relaxed)
     }
 
     /// Every live group.

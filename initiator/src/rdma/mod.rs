@@ -124,6 +124,14 @@ impl RdmaFabric {
         self.groups.info()
     }
 
+    /// Memory windows (per-I/O keys) the host invalidated itself because the target's
+    /// response left them valid, over every host poll group this fabric and its clones made,
+    /// those gone with their queues included (each live group's share:
+    /// [`HostGroupInfo::local_invalidations`]).
+    pub fn local_invalidations(&self) -> u64 {
+        self.groups.local_invalidations()
+    }
+
     fn home(&self, qid: u16) -> QueueHome {
         match (self.reactors, qid) {
             (0, _) => QueueHome::Reactor(0),

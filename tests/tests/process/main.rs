@@ -1,7 +1,9 @@
 //! nvmf-tgt, nvmf and nvmf-perf as separate processes over the soft RDMA provider's TCP
 //! fabric (`rig`): a target killed mid-I/O and restarted (`reconnect`), and the block-range
-//! commands end to end on a file and a malloc namespace (`block_commands`).
+//! commands end to end on a file and a malloc namespace (`block_commands`), and nvmf-perf's
+//! count of the per-I/O keys the host had to invalidate itself (`per_io_keys`).
 
 mod block_commands;
+mod per_io_keys;
 mod reconnect;
 mod rig;

@@ -79,6 +79,12 @@ pub struct Rig {
 
 impl Rig {
     pub fn new() -> Rig {
+        Rig::with_transport("")
+    }
+
+    /// As [`Rig::new`], with `lines` (TOML, each ending in a newline) added to nvmf-tgt's
+    /// `[transport]` table.
+    pub fn with_transport(lines: &str) -> Rig {
         // Under the build folder, not /tmp: O_DIRECT needs a file system that supports it.
         let base = concat!(env!("CARGO_TARGET_TMPDIR"), "/process");
         std::fs::create_dir_all(base).expect("tmp folder");
@@ -89,8 +95,8 @@ impl Rig {
         std::fs::write(
             &config,
             format!(
-                "[reactors]\ncores = [0, 1]\n[transport]\nprovider = \"soft\"\nfabric = \"tcp\"\n\
-                 listen = [\"{addr}\"]\n\
+                "[reactors]\ncores = [0, 1]\n[transport]\n{lines}provider = \"soft\"\n\
+                 fabric = \"tcp\"\nlisten = [\"{addr}\"]\n\
                  [[bdev]]\nname = \"keep\"\nkind = \"file\"\npath = \"{}\"\nsize = 1048576\n\
                  block_size = 512\ndirect = true\n\
                  [[bdev]]\nname = \"load\"\nkind = \"malloc\"\nsize = 4194304\nblock_size = 512\n\
@@ -134,6 +140,20 @@ impl Rig {
         ]
         .map(String::from)
         .to_vec()
+    }
+
+    /// `nvmf-perf ARGS...` to completion against the target: (status, stdout, stderr).
+    pub fn perf(&self, args: &[&str]) -> (ExitStatus, String, String) {
+        let out = Command::new(bin("nvmf-perf"))
+            .args(self.host_args())
+            .args(args)
+            .output()
+            .expect("nvmf-perf runs");
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stdout).into(),
+            String::from_utf8_lossy(&out.stderr).into(),
+        )
     }
 
     /// `nvmf ARGS...` to completion: (status, stdout, stderr).

@@ -87,7 +87,7 @@ fn main() -> anyhow::Result<()> {
     match args.connect.transport.as_str() {
         "loopback" => {
             let target = args.connect.loopback_target().map_err(anyhow::Error::msg)?;
-            perf(LoopbackFabric::new(target), &args)
+            perf(LoopbackFabric::new(target), &args, || 0)
         }
         "soft" => bail!(
             "--transport soft is the in-process soft fabric: the target would have to live in \
@@ -101,7 +101,8 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("transport '{name}'"))?
                 .spread(reactors)
                 .group_config(host_groups(&args, reactors));
-            perf(fabric, &args)
+            let counted = fabric.clone();
+            perf(fabric, &args, move || counted.local_invalidations())
         }
     }
 }
@@ -126,7 +127,13 @@ fn host_groups(args: &Args, reactors: usize) -> HostGroupConfig {
     }
 }
 
-fn perf<F: Fabric + Clone>(fabric: F, args: &Args) -> anyhow::Result<()>
+/// Runs the load and prints the report; `host_invalidations` reads the fabric's count of
+/// per-I/O keys the host had to invalidate itself.
+fn perf<F: Fabric + Clone>(
+    fabric: F,
+    args: &Args,
+    host_invalidations: impl Fn() -> u64,
+) -> anyhow::Result<()>
 where
     F::Queue: 'static,
 {
@@ -187,12 +194,13 @@ where
             .is_terminal()
             .then_some(Duration::from_secs(1)),
     };
-    let report = run(&mut controller, &cfg, |line| {
+    let mut report = run(&mut controller, &cfg, |line| {
         let mut out = std::io::stdout();
         let _ = write!(out, "\r{line}");
         let _ = out.flush();
     })
     .context("perf run")?;
+    report.host_invalidations = host_invalidations();
     if cfg.progress_every.is_some() {
         println!();
     }
