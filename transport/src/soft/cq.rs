@@ -51,7 +51,7 @@ pub(crate) struct Cqe {
 }
 
 /// Which lane a completion goes to.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Lane {
     Send,
     Recv,
@@ -59,6 +59,8 @@ enum Lane {
 
 const FAULT_DELAY: u8 = 1;
 const FAULT_REORDER: u8 = 2;
+/// Send completions stay held while receive completions go (`set_hold_sends`).
+const FAULT_HOLD_SENDS: u8 = 4;
 
 const ARM_NONE: u8 = 0;
 const ARM_ANY: u8 = 1;
@@ -67,7 +69,8 @@ const ARM_SOLICITED: u8 = 2;
 #[derive(Default)]
 struct Held {
     delay: Duration,
-    q: VecDeque<(Instant, Cqe)>,
+    /// Each completion with when it was pushed and the lane it came by.
+    q: VecDeque<(Instant, Lane, Cqe)>,
 }
 
 pub(crate) struct CqInner {
@@ -161,7 +164,7 @@ impl CqInner {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .q
-                .push_back((Instant::now(), cqe));
+                .push_back((Instant::now(), lane, cqe));
         } else {
             let queued = match lane {
                 Lane::Send => self.send_lane.push(cqe).map_err(|lost| lost.wc),
@@ -338,7 +341,7 @@ impl CqInner {
         // Each lane in its order; the held list keeps per-QP order across them (a QP's sends
         // among themselves, its receives among themselves).
         while let Some(c) = self.send_lane.pop() {
-            h.q.push_back((now, c));
+            h.q.push_back((now, Lane::Send, c));
         }
         let mut recvs = [WorkCompletion::default(); 16];
         loop {
@@ -346,14 +349,36 @@ impl CqInner {
             if n == 0 {
                 break;
             }
-            h.q.extend(recvs[..n].iter().map(|&wc| (now, Cqe { wc, retire: None })));
+            h.q.extend(
+                recvs[..n]
+                    .iter()
+                    .map(|&wc| (now, Lane::Recv, Cqe { wc, retire: None })),
+            );
         }
         let delay = if faults & FAULT_DELAY != 0 {
             h.delay
         } else {
             Duration::ZERO
         };
-        let ready = h.q.iter().take_while(|(t, _)| *t + delay <= now).count();
+        if faults & FAULT_HOLD_SENDS != 0 {
+            // Receives overtake the held sends (as on a NIC whose ACK for a SEND comes after
+            // the peer's answer to it); each lane keeps its order. No reordering meanwhile.
+            let mut n = 0;
+            let mut i = 0;
+            while n < out.len() && i < h.q.len() {
+                let (pushed, lane, _) = h.q[i];
+                if lane == Lane::Send || pushed + delay > now {
+                    i += 1;
+                    continue;
+                }
+                if let Some((_, _, c)) = h.q.remove(i) {
+                    out[n] = self.reap(c);
+                    n += 1;
+                }
+            }
+            return n;
+        }
+        let ready = h.q.iter().take_while(|(t, _, _)| *t + delay <= now).count();
         if ready == 0 {
             return 0;
         }
@@ -362,14 +387,16 @@ impl CqInner {
             // stable sort by descending qp_num.
             let (batch, _) = h.q.as_mut_slices();
             if batch.len() >= ready {
-                batch[..ready].sort_by_key(|c| std::cmp::Reverse(c.1.wc.qp_num));
+                batch[..ready].sort_by_key(|c| std::cmp::Reverse(c.2.wc.qp_num));
             } else {
-                h.q.make_contiguous()[..ready].sort_by_key(|c| std::cmp::Reverse(c.1.wc.qp_num));
+                h.q.make_contiguous()[..ready].sort_by_key(|c| std::cmp::Reverse(c.2.wc.qp_num));
             }
         }
         let mut n = 0;
         while n < out.len() && n < ready {
-            let Some((_, c)) = h.q.pop_front() else { break };
+            let Some((_, _, c)) = h.q.pop_front() else {
+                break;
+            };
             out[n] = self.reap(c);
             n += 1;
         }
@@ -384,6 +411,16 @@ impl CqInner {
             self.faults.fetch_and(!FAULT_DELAY, Ordering::AcqRel);
         } else {
             self.faults.fetch_or(FAULT_DELAY, Ordering::AcqRel);
+        }
+    }
+
+    pub(crate) fn set_hold_sends(&self, on: bool) {
+        let _h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        self.faults_used.store(true, Ordering::Release);
+        if on {
+            self.faults.fetch_or(FAULT_HOLD_SENDS, Ordering::AcqRel);
+        } else {
+            self.faults.fetch_and(!FAULT_HOLD_SENDS, Ordering::AcqRel);
         }
     }
 

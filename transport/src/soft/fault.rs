@@ -75,6 +75,15 @@ impl FaultInjector {
         Ok(())
     }
 
+    /// Hold the send-queue completions of CQ `cq_id` while receive completions go past them
+    /// (`on`), as when a NIC's ACK for a SEND arrives after the peer's answer to it; switched
+    /// off, the held ones come at the next poll, in order. With `delay_completions` too, the
+    /// receives still wait out the delay.
+    pub fn hold_send_completions(&self, cq_id: u32, on: bool) -> Result<()> {
+        self.cq(cq_id)?.set_hold_sends(on);
+        Ok(())
+    }
+
     /// Reorder completions of different QPs on CQ `cq_id` (each QP's order is kept).
     pub fn reorder_completions(&self, cq_id: u32, on: bool) -> Result<()> {
         self.cq(cq_id)?.set_reorder(on);
@@ -110,7 +119,8 @@ mod tests {
         fail_qp,
         drop_connection,
         delay_completions,
-        reorder_completions
+        reorder_completions,
+        hold_send_completions
     );
 
     fn fail_qp(f: SoftFabric) {
@@ -214,6 +224,60 @@ mod tests {
         .unwrap();
         assert_eq!(net.wait(&a.cq, 1)[0].wr_id, 2);
         assert!(t1.elapsed() < delay);
+    }
+
+    /// A's SEND completion is held while the answer to it (b's SEND) completes on a's CQ;
+    /// switched off, the held one comes at the next poll.
+    fn hold_send_completions(f: SoftFabric) {
+        let (mut a, mut b) = pair(f, &Opts::default());
+        let net = Net::new(&[&a.cq, &b.cq]);
+        let recv = |side: &mut Side, id| {
+            side.qp
+                .post_recv(&[RecvWr {
+                    wr_id: id,
+                    sges: &[side.mr.sge(64, 8)],
+                }])
+                .unwrap();
+        };
+        recv(&mut a, 100);
+        recv(&mut b, 200);
+        a.ctx
+            .faults()
+            .hold_send_completions(a.cq.id(), true)
+            .unwrap();
+        a.qp.post_send(&[send_wr(
+            1,
+            SendOp::Send,
+            &[a.mr.sge(0, 8)],
+            SendFlags::SIGNALED,
+        )])
+        .unwrap();
+        assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 200, "b got a's SEND");
+        b.qp.post_send(&[send_wr(
+            2,
+            SendOp::Send,
+            &[b.mr.sge(0, 8)],
+            SendFlags::SIGNALED,
+        )])
+        .unwrap();
+        assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 2);
+        let answer = net.wait(&a.cq, 1)[0];
+        assert_eq!(
+            (answer.wr_id, answer.opcode),
+            (100, WcOpcode::Recv),
+            "the answer came before a's own SEND completion"
+        );
+        assert!(
+            net.settle(&a.cq, Duration::from_millis(50)).is_empty(),
+            "a's SEND completion is held"
+        );
+        a.ctx
+            .faults()
+            .hold_send_completions(a.cq.id(), false)
+            .unwrap();
+        let sent = net.wait(&a.cq, 1)[0];
+        assert_eq!((sent.wr_id, sent.status), (1, WcStatus::Success));
+        assert!(a.ctx.faults().hold_send_completions(0xffff, true).is_err());
     }
 
     fn reorder_completions(f: SoftFabric) {
