@@ -132,6 +132,69 @@ pub fn host_group_round_trips(flavor: Flavor) {
     assert_eq!(host.recv_accounting(), (0, 0, 0));
 }
 
+/// A response that comes before its command's SEND completion (a NIC whose ACK comes after
+/// the target's answer; the soft fault `hold_send_completions` holds them on the host's CQ):
+/// the request waits for both, is reported once the SEND completes, and its objects and slots
+/// come back. Soft flavors only (the hold is a soft fault).
+pub fn host_response_before_send_completion(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let faults = fx
+        .ctx
+        .as_soft()
+        .expect("soft flavors only: holding completions is a soft fault")
+        .faults();
+    let cfg = crate::chains::cfg(1);
+    let mut target = PollGroup::<()>::new(&fx.ctx, cfg.clone()).unwrap();
+    let mut host =
+        PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::PerQpair { recvs: 16 }).unwrap();
+    let mut tq = target.create_qp().unwrap();
+    let mut hq = host.create_qp().unwrap();
+    fx.connect(&mut hq, &mut tq, 7);
+    target.add_qp(tq, 4, 16, 0).unwrap();
+    let hqpn = host.add_qp(hq, 4, 16, 0).unwrap();
+    let handle = host.qpair_handle(hqpn).unwrap();
+    let (mut t, mut i) = (Scripted::default(), Initiator::default());
+    faults.hold_send_completions(host.cq().id(), true).unwrap();
+    for seq in 0..3 {
+        submit(&mut host, handle, &mut i, seq);
+    }
+    let deadline = Instant::now() + patience();
+    while i.responded.len() < 3 || target.requests_in_use() > 0 {
+        host.poll(&mut i).unwrap();
+        target.poll(&mut t).unwrap();
+        assert!(
+            Instant::now() < deadline,
+            "no responses: {:?}",
+            host.stats()
+        );
+    }
+    for _ in 0..100 {
+        host.poll(&mut i).unwrap();
+    }
+    assert!(
+        i.completed.is_empty(),
+        "reported before the SEND completed: {:?}",
+        i.completed
+    );
+    assert_eq!(
+        host.requests_in_use(),
+        3,
+        "the requests wait for their SENDs"
+    );
+    faults.hold_send_completions(host.cq().id(), false).unwrap();
+    while i.completed.len() < 3 {
+        host.poll(&mut i).unwrap();
+        assert!(Instant::now() < deadline, "held SENDs never completed");
+    }
+    i.completed.sort_unstable();
+    assert_eq!(i.completed, vec![0, 1, 2]);
+    assert_eq!(i.early, 0, "a request completed before its response");
+    assert!(i.responded.is_empty());
+    assert_eq!(host.requests_in_use(), 0);
+    assert_eq!(host.buffers_free(), host.config().data_buffers);
+    assert_eq!(host.stats().stale_completions, 0);
+}
+
 /// A host qpair's drain ends once its receives have flushed back from its own receive queue:
 /// LAST_WQE_REACHED exists only for SRQ-attached QPs, and the grace that stands in for it is
 /// set here far beyond the test's patience, so only the receive count can end the drain.

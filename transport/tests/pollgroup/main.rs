@@ -1,8 +1,10 @@
 //! Poll group behaviour on every provider: completions attributed by qp_num across 1000
 //! qpairs, orphaned receives re-posted and counted, drains with and without
 //! LAST_WQE_REACHED leaking nothing, a host that overruns its queue depth disconnected
-//! alone, and lone answers without a completion of their own held, budgeted and flushed. `cargo test --workspace orphan` runs the orphan cases; the verbs cases run on rxe in
-//! the QEMU lab (scripts/interop.sh verbs) and are ignored (reported as skipped) elsewhere.
+//! alone, lone answers without a completion of their own held, budgeted and flushed, and (soft
+//! fabrics, a fault) a host response ahead of its command's SEND completion. `cargo test
+//! --workspace orphan` runs the orphan cases; the verbs cases run on rxe in the QEMU lab
+//! (scripts/interop.sh verbs) and are ignored (reported as skipped) elsewhere.
 #![forbid(unsafe_code)]
 
 mod chains;
@@ -443,5 +445,19 @@ mod pollgroup_verbs_async {
     #[ignore = "needs an RDMA device: run in the QEMU lab (scripts/interop.sh verbs)"]
     fn host_srq_reposts_at_the_next_poll() {
         crate::host::host_srq_reposts_at_the_next_poll(crate::Flavor::Verbs)
+    }
+}
+
+// Cases that need a soft fault (a device's completions held back): the soft fabrics only.
+mod pollgroup_soft_faults {
+    use crate::Flavor;
+
+    #[test]
+    fn host_response_before_send_completion_inprocess() {
+        crate::host::host_response_before_send_completion(Flavor::SoftInProcess)
+    }
+    #[test]
+    fn host_response_before_send_completion_tcp() {
+        crate::host::host_response_before_send_completion(Flavor::SoftTcp)
     }
 }
