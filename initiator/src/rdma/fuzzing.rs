@@ -84,7 +84,11 @@
 //! - 5 disconnect: flag 0 the target disconnects; flag 1 the target moves its QP to the error
 //!   state without a word to the CM; else the host drops its queue.
 //! - 6 receives: flag 0 the target stops re-posting receives (host SENDs wait on RNR, retried
-//!   for ever); else it posts them all again.
+//!   for ever); else it posts them all again. Flag 1 instead: the host's SEND completions are
+//!   held on every host poll group CQ of the side (flag 2: released), so that responses overtake
+//!   them as when a NIC's ACK comes late (a second response for a command then finds it
+//!   answered already); a connect, a queue the host drops and a settle release them (each may
+//!   wait for a drain, which needs them).
 //! - 7 settle (the rule above).
 //!
 //! After each record but a submit, both sides poll: submits in a row go out together.
@@ -158,6 +162,10 @@ struct Reached {
     probes: u64,
     /// Queues lost while a response under a CID not in flight was owed its loss.
     stray_losses: u64,
+    /// Holds of the host's SEND completions, and queues lost to a second response for a
+    /// command answered already (its SEND completion not yet in).
+    held_sends: u64,
+    answered_already: u64,
 }
 
 static REACHED: Mutex<Reached> = Mutex::new(Reached {
@@ -171,6 +179,8 @@ static REACHED: Mutex<Reached> = Mutex::new(Reached {
     lazy: 0,
     probes: 0,
     stray_losses: 0,
+    held_sends: 0,
+    answered_already: 0,
 });
 
 fn reached(count: impl FnOnce(&mut Reached)) {
@@ -192,6 +202,7 @@ pub fn hostile_target(data: &[u8]) {
         connects: 0,
         next_cid: 1,
         next_token: 1,
+        sends_held: false,
     };
     while let Some((&control, tail)) = rest.split_first() {
         rest = tail;
@@ -211,6 +222,9 @@ pub fn hostile_target(data: &[u8]) {
                 };
                 if run.connects < MAX_CONNECTS {
                     run.connects += 1;
+                    // A new queue may wait for what a dropped one holds until its drain ends,
+                    // which needs its SEND completions.
+                    run.hold_sends(false);
                     run.connect(slot, control, head[0], head[1], private);
                 }
             }
@@ -259,10 +273,14 @@ pub fn hostile_target(data: &[u8]) {
                         s.fatal = true;
                         s.target.vanish();
                     } else if let Some(s) = run.slots[slot].take() {
+                        // Dropping a queue waits for its drain, which needs its SEND
+                        // completions.
+                        run.hold_sends(false);
                         s.close();
                     }
                 }
             }
+            OP_RECEIVES if control & FLAG_1 != 0 => run.hold_sends(control & FLAG_2 == 0),
             OP_RECEIVES => {
                 if let Some(s) = run.slots[slot].as_mut() {
                     s.target.hold = control & FLAG_0 != 0;
@@ -304,7 +322,9 @@ struct Side {
     /// counters the last rule reads, alive across inputs.
     anchors: Mutex<Vec<(RdmaQueue, TargetConn)>>,
     _listener: CmId,
-    _ctx: Context,
+    /// The soft device of the listener, and of the host's queues (the CM resolves the
+    /// listener's address to it).
+    ctx: Context,
     name: &'static str,
     /// The host's transport name for this side.
     transport: &'static str,
@@ -366,7 +386,7 @@ impl Rig {
                 channel,
                 anchors: Mutex::new(Vec::new()),
                 _listener: listener,
-                _ctx: ctx,
+                ctx,
                 name,
                 transport,
             };
@@ -468,6 +488,25 @@ impl Side {
     }
 
     /// Waits until each of the side's host poll groups holds only its anchor (the last rule).
+    /// Holds (or releases) the host's SEND completions on every host poll group CQ of the
+    /// side: responses then complete ahead of them.
+    fn hold_sends(&self, on: bool) {
+        for group in self.fabric.host_groups() {
+            // In-process the host's queues share the listener's device; over soft TCP they are
+            // on the fabric's own.
+            let ctx = [Some(&self.ctx), self.fabric.own_device()]
+                .into_iter()
+                .flatten()
+                .find(|ctx| ctx.name() == group.device)
+                .expect("a host group on the side's device or its fabric's");
+            ctx.as_soft()
+                .expect("a soft device")
+                .faults()
+                .hold_send_completions(group.cq, on)
+                .expect("the host group's CQ");
+        }
+    }
+
     fn wait_idle(&self) {
         let deadline = Instant::now() + PATIENCE;
         let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
@@ -529,9 +568,22 @@ struct Run<'a> {
     connects: usize,
     next_cid: u16,
     next_token: u64,
+    /// The host's SEND completions are held (operation 6, flag 1).
+    sends_held: bool,
 }
 
 impl Run<'_> {
+    /// Holds or releases the host's SEND completions (see `Side::hold_sends`).
+    fn hold_sends(&mut self, on: bool) {
+        if self.sends_held != on {
+            self.sends_held = on;
+            self.side.hold_sends(on);
+            if on {
+                reached(|r| r.held_sends += 1);
+            }
+        }
+    }
+
     fn connect(
         &mut self,
         slot: usize,
@@ -648,6 +700,7 @@ impl Run<'_> {
     /// queue must be reported (the settle rule).
     fn settle(&mut self) {
         let deadline = Instant::now() + PATIENCE;
+        self.hold_sends(false);
         for s in self.slots.iter_mut().flatten() {
             s.target.hold = false;
             s.target.post_receives();
@@ -776,6 +829,9 @@ impl Slot {
             self.lost = true;
             if !self.must_lose.is_empty() {
                 reached(|r| r.stray_losses += 1);
+            }
+            if why.contains("answered already") {
+                reached(|r| r.answered_already += 1);
             }
         }
     }
@@ -1322,6 +1378,12 @@ mod tests {
         assert!(after.lazy > before.lazy + 9, "{after:?}");
         assert!(after.probes >= before.probes + 12, "{after:?}");
         assert!(after.stray_losses >= before.stray_losses + 4, "{after:?}");
+        assert!(after.held_sends >= before.held_sends + 4, "{after:?}");
+        // Not on the silent side, whose lone SENDs have no completion to hold.
+        assert!(
+            after.answered_already >= before.answered_already + 3,
+            "{after:?}"
+        );
     }
 
     /// The files under fuzz/seeds are what `seeds()` builds (rewritten with NVMF_WRITE_SEEDS=1).

@@ -1,6 +1,7 @@
 //! Seed inputs of `fuzz_host_queue_hostile_target`, one per scenario that random bytes reach only
 //! slowly (commands of every kind answered well, windows invalidated by the target, a target
-//! that holds its receives back, answers under another CID, a target that disconnects), so that
+//! that holds its receives back, answers under another CID, a second answer while the host's
+//! SEND completions are held, a target that disconnects), so that
 //! a short run starts from them. `fuzz/seeds/fuzz_host_queue_hostile_target/` holds them as
 //! files, which `scripts/fuzz.sh` gives the fuzzer; the test `seed_files_are_current` keeps
 //! those files equal to what this module builds (`NVMF_WRITE_SEEDS=1` rewrites them). Each must
@@ -50,6 +51,21 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         }
         every_kind.extend([OP_POLL | FLAG_0, 7]);
         out.push((name("every_kind", suffix), every_kind));
+
+        // The host's SEND completions held: the target's answer completes first, and a second
+        // response for the same command finds it answered already (the queue is lost).
+        let mut twice = vec![side];
+        twice.extend(connect(0));
+        // A first command settled: over soft TCP the data connection is attached by then.
+        twice.extend(submit(0, FLAG_2, FLUSH, 0));
+        twice.extend([OP_SETTLE, OP_RECEIVES | FLAG_1]);
+        twice.extend(submit(0, FLAG_2, FLUSH, 1));
+        twice.extend([OP_POLL, 3]);
+        twice.extend(answer(0, 0, 0));
+        twice.extend([OP_POLL, 3, OP_RAW | FLAG_0, 16]);
+        twice.extend([0u8; 16]);
+        twice.extend([OP_POLL, 2, OP_SETTLE]);
+        out.push((name("answered_twice", suffix), twice));
 
         let mut windows = vec![side];
         windows.extend(connect(1));

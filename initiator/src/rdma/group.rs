@@ -136,6 +136,9 @@ pub struct HostGroupInfo {
     /// Memory windows the host invalidated itself (LOCAL_INV) because the target's response
     /// left their key valid: per-I/O keys against a target that does not invalidate them.
     pub local_invalidations: u64,
+    /// The group's completion queue: its number on the device (as `rdma res show cq` names
+    /// it; the soft provider's faults take it).
+    pub cq: u32,
 }
 
 /// Hands each poll-group callback to the [`Side`] of the queue it concerns, and lists the
@@ -568,6 +571,7 @@ impl HostGroup {
             polls: self.polls,
             stats: self.pg.stats(),
             local_invalidations: self.router.local_invalidations,
+            cq: self.pg.cq().id(),
         }
     }
 }

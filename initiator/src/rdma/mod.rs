@@ -54,7 +54,7 @@ pub const TRANSPORTS: [&str; 3] = ["rdma", "soft", "soft-tcp"];
 pub struct RdmaFabric {
     kind: ProviderKind,
     /// The soft TCP device this fabric opened (kept open while any clone lives).
-    _device: Option<Context>,
+    device: Option<Context>,
     groups: Arc<group::Registry>,
     group_config: HostGroupConfig,
     /// Reactors the I/O queues are spread over (0: one group for every queue).
@@ -97,7 +97,7 @@ impl RdmaFabric {
     fn with(kind: ProviderKind, device: Option<Context>) -> RdmaFabric {
         RdmaFabric {
             kind,
-            _device: device,
+            device,
             groups: Arc::default(),
             group_config: HostGroupConfig::default(),
             reactors: 0,
@@ -117,6 +117,13 @@ impl RdmaFabric {
     pub fn group_config(mut self, config: HostGroupConfig) -> RdmaFabric {
         self.group_config = config;
         self
+    }
+
+    /// The device this fabric opened for its queues (soft TCP: its own soft device, with the
+    /// address it reaches targets from); None where each queue takes the device its target's
+    /// address resolves to ("rdma", "soft").
+    pub fn own_device(&self) -> Option<&Context> {
+        self.device.as_ref()
     }
 
     /// The live host poll groups of this fabric and its clones.
