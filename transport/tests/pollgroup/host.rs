@@ -195,6 +195,71 @@ pub fn host_response_before_send_completion(flavor: Flavor) {
     assert_eq!(host.stats().stale_completions, 0);
 }
 
+/// The target's response SEND completions held back (a NIC's late ACK; the soft fault on the
+/// target group's CQ) while the host, having the responses, sends a whole queue depth of new
+/// commands: each answer gave its command's depth slot back when it was posted, so none of the
+/// new ones is an overrun, and they are answered while the old requests still wait for their
+/// SENDs. Soft flavors only (the hold is a soft fault).
+pub fn target_depth_comes_back_with_the_answer(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let faults = fx
+        .ctx
+        .as_soft()
+        .expect("soft flavors only: holding completions is a soft fault")
+        .faults();
+    // Every answer signaled, so that each waits for its own SEND completion.
+    let cfg = PollGroupConfig {
+        silent_answers: 0,
+        ..crate::chains::cfg(1)
+    };
+    let mut target = PollGroup::<()>::new(&fx.ctx, cfg.clone()).unwrap();
+    let mut host =
+        PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::PerQpair { recvs: 16 }).unwrap();
+    let mut tq = target.create_qp().unwrap();
+    let mut hq = host.create_qp().unwrap();
+    fx.connect(&mut hq, &mut tq, 7);
+    let depth = 4;
+    target.add_qp(tq, depth, 16, 0).unwrap();
+    let hqpn = host.add_qp(hq, depth, 16, 0).unwrap();
+    let handle = host.qpair_handle(hqpn).unwrap();
+    let (mut t, mut i) = (Scripted::default(), Initiator::default());
+    faults
+        .hold_send_completions(target.cq().id(), true)
+        .unwrap();
+    let deadline = Instant::now() + patience();
+    for round in 0..2 {
+        for k in 0..depth {
+            submit(&mut host, handle, &mut i, round * depth + k);
+        }
+        while i.completed.len() < ((round + 1) * depth) as usize {
+            host.poll(&mut i).unwrap();
+            target.poll(&mut t).unwrap();
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: host {:?}, target {:?}",
+                host.stats(),
+                target.stats()
+            );
+        }
+    }
+    assert_eq!(target.stats().overruns, 0, "{:?}", target.stats());
+    assert_eq!(
+        target.requests_in_use(),
+        2 * depth as usize,
+        "every answer's request waits for its held SEND"
+    );
+    faults
+        .hold_send_completions(target.cq().id(), false)
+        .unwrap();
+    while target.requests_in_use() > 0 {
+        target.poll(&mut t).unwrap();
+        assert!(Instant::now() < deadline, "held SENDs never completed");
+    }
+    t.assert_each_ended_once();
+    assert_eq!(target.stats().stale_completions, 0);
+    assert_eq!(target.buffers_free(), target.config().data_buffers);
+}
+
 /// A host qpair's drain ends once its receives have flushed back from its own receive queue:
 /// LAST_WQE_REACHED exists only for SRQ-attached QPs, and the grace that stands in for it is
 /// set here far beyond the test's patience, so only the receive count can end the drain.

@@ -2,7 +2,9 @@
 //! qpairs, orphaned receives re-posted and counted, drains with and without
 //! LAST_WQE_REACHED leaking nothing, a host that overruns its queue depth disconnected
 //! alone, lone answers without a completion of their own held, budgeted and flushed, and (soft
-//! fabrics, a fault) a host response ahead of its command's SEND completion. `cargo test
+//! fabrics, a fault holding SEND completions) a host response ahead of its command's SEND
+//! completion, and a target taking a full depth of new commands before its answers' SENDs
+//! complete. `cargo test
 //! --workspace orphan` runs the orphan cases; the verbs cases run on rxe in the QEMU lab
 //! (scripts/interop.sh verbs) and are ignored (reported as skipped) elsewhere.
 #![forbid(unsafe_code)]
@@ -459,5 +461,13 @@ mod pollgroup_soft_faults {
     #[test]
     fn host_response_before_send_completion_tcp() {
         crate::host::host_response_before_send_completion(Flavor::SoftTcp)
+    }
+    #[test]
+    fn target_depth_comes_back_with_the_answer_inprocess() {
+        crate::host::target_depth_comes_back_with_the_answer(Flavor::SoftInProcess)
+    }
+    #[test]
+    fn target_depth_comes_back_with_the_answer_tcp() {
+        crate::host::target_depth_comes_back_with_the_answer(Flavor::SoftTcp)
     }
 }
