@@ -16,6 +16,9 @@ pub struct GroupSnapshot {
     pub device_name: String,
     /// Index of the reactor.
     pub reactor: usize,
+    /// The group's completion queue: its number on the device (as `rdma res show cq` names
+    /// it; the soft provider's faults take it).
+    pub cq: u32,
     /// Qpairs in the group (connecting, active or draining).
     pub qpairs: usize,
     pub recv_slots: RecvSlots,
@@ -113,6 +116,7 @@ impl GroupSnapshot {
             device: info.device,
             device_name: pg.context().name().to_owned(),
             reactor: info.reactor,
+            cq: pg.cq().id(),
             qpairs: pg.qpair_count(),
             recv_slots: RecvSlots {
                 total: cfg.srq_depth,

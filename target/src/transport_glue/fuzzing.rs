@@ -55,12 +55,18 @@
 //!   above).
 //! - 4 disconnect the slot (CM disconnect; the slot is free again).
 //! - 5 capsule sent as SEND with immediate data (as 1, the immediate from the SQE's CID).
-//! - 6 wait a byte's worth of milliseconds (mod 4), polling.
+//! - 6 wait a byte's worth of milliseconds (mod 4), polling. Flag 0 instead (the byte unused):
+//!   the target's SEND completions are held on every poll group CQ of the side while its receive
+//!   completions go past them, as when a NIC's ACK comes late: the host has its answers, and its
+//!   next capsules arrive, before the target hears that the answers went. Capsules, short SENDs
+//!   and waits keep the hold, at most 16 of them (the groups' 48 request objects outlast it);
+//!   any other record releases it first (each may wait for what the held requests keep).
 //! - 7 keep-alive expiry: the target reaps its controllers as if two keep-alive timeouts (the
 //!   host's Connects ask for 60 s) went by without a Keep Alive, as nvmf-tgt's reactor timer
 //!   does on its own clock: every controller is torn down while its queues stand.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -154,11 +160,27 @@ pub fn hostile_host(data: &[u8]) {
         slots: std::array::from_fn(|_| None),
         cntlid: CNTLID_DYNAMIC,
         connects: 0,
+        held: None,
     };
     while let Some((&control, tail)) = rest.split_first() {
         rest = tail;
         let slot = usize::from(control >> 3) % SLOTS;
-        match control & 0b111 {
+        let op = control & 0b111;
+        let hold = op == OP_WAIT && control & FLAG_0 != 0;
+        if let Some(records) = run.held {
+            let keeps = matches!(op, OP_CAPSULE | OP_CAPSULE_IMM | OP_SHORT | OP_WAIT);
+            if hold || records >= MAX_HELD_RECORDS || !keeps {
+                run.hold_sends(side, false);
+            } else {
+                run.held = Some(records + 1);
+            }
+        }
+        match op {
+            OP_WAIT if hold => {
+                let (_, tail) = take(rest, 1);
+                rest = tail;
+                run.hold_sends(side, true);
+            }
             OP_CONNECT => {
                 let (head, tail) = take(rest, 2);
                 rest = tail;
@@ -229,6 +251,7 @@ pub fn hostile_host(data: &[u8]) {
         }
         run.poll_all();
     }
+    run.hold_sends(side, false);
     run.settle();
     for queue in run.slots.into_iter().flatten() {
         queue.close();
@@ -253,7 +276,8 @@ fn free_port(ip: Ipv4Addr) -> u16 {
 struct Side {
     addr: SocketAddr,
     transport: RdmaTransport<Command, NvmeHandler>,
-    _ctx: Context,
+    /// The side's soft device (its faults reach the groups' CQs).
+    ctx: Context,
 }
 
 /// The target, its reactor and its transports (see the module doc).
@@ -350,7 +374,7 @@ impl Rig {
             Side {
                 addr,
                 transport,
-                _ctx: ctx,
+                ctx,
             }
         });
         let rig = Rig {
@@ -427,6 +451,13 @@ fn idle(s: &GroupSnapshot) -> bool {
         && s.data_buffers.free == s.data_buffers.total
 }
 
+/// Answers the host had while the target's SEND completions were held (the seeds test shows
+/// the hold lets answers through).
+static HELD_ANSWERS: AtomicU64 = AtomicU64::new(0);
+
+/// Capsules, short SENDs and waits a hold of the target's SEND completions lasts at most.
+const MAX_HELD_RECORDS: u8 = 16;
+
 /// One input's host queues.
 struct Run {
     addr: SocketAddr,
@@ -435,9 +466,29 @@ struct Run {
     cntlid: u16,
     /// Connect records run so far (at most `MAX_CONNECTS`).
     connects: usize,
+    /// The target's SEND completions are held (operation 6, flag 0): records run since.
+    held: Option<u8>,
 }
 
 impl Run {
+    /// Holds (or releases) the target's SEND completions on every poll group CQ of `side`.
+    fn hold_sends(&mut self, side: &Side, on: bool) {
+        if self.held.is_some() == on {
+            return;
+        }
+        self.held = on.then_some(0);
+        let faults = side.ctx.as_soft().expect("a soft device").faults();
+        let cqs = side
+            .transport
+            .each_group(|g| g.snapshot().cq)
+            .expect("the reactor answers");
+        for (_, cq) in cqs {
+            faults
+                .hold_send_completions(cq, on)
+                .expect("a group CQ of the side's device");
+        }
+    }
+
     fn connect(&mut self, slot: usize, qid: u16, depth: u16, private: Option<Vec<u8>>, nvme: bool) {
         if let Some(old) = self.slots[slot].take() {
             old.close();
@@ -463,7 +514,10 @@ impl Run {
 
     fn poll_all(&mut self) {
         for s in self.slots.iter_mut().flatten() {
-            s.poll();
+            let answers = s.poll().len() as u64;
+            if self.held.is_some() {
+                HELD_ANSWERS.fetch_add(answers, Ordering::Relaxed);
+            }
         }
     }
 
@@ -891,10 +945,37 @@ mod tests {
 
     #[test]
     fn every_seed_keeps_the_rules() {
+        let before = HELD_ANSWERS.load(Ordering::Relaxed);
+        // Hosts disconnected for sending more commands than their depth, on every side.
+        let overruns = || -> u64 {
+            let rig = rig().lock().unwrap_or_else(|p| p.into_inner());
+            rig.sides
+                .iter()
+                .flat_map(|side| {
+                    side.transport
+                        .each_group(|g| g.snapshot().counters.overruns)
+                        .expect("the reactor answers")
+                })
+                .map(|(_, n)| n)
+                .sum()
+        };
         for (name, input) in seeds() {
             eprintln!("seed {name}");
+            let overruns_before = overruns();
             hostile_host(&input);
+            if name.starts_with("held_sends") {
+                // Each answer gave its command's depth slot back when it went, though the
+                // target had not heard its SEND complete.
+                assert_eq!(
+                    overruns(),
+                    overruns_before,
+                    "{name}: the host was an overrun"
+                );
+            }
         }
+        // The held_sends seeds: answers came while the target had not heard their SENDs went.
+        let held = HELD_ANSWERS.load(Ordering::Relaxed) - before;
+        assert!(held >= 12, "{held} answers while held");
     }
 
     /// The files under fuzz/seeds are what `seeds()` builds (rewritten with NVMF_WRITE_SEEDS=1).
@@ -917,6 +998,7 @@ mod tests {
                 slots: std::array::from_fn(|_| None),
                 cntlid: CNTLID_DYNAMIC,
                 connects: 0,
+                held: None,
             };
             run.connect(0, 0, 8, None, true);
             let queue = run.slots[0].as_mut().expect("connected");

@@ -1,6 +1,7 @@
 //! Seed inputs of `fuzz_target_hostile_host`, one per scenario that random bytes reach only
 //! slowly (a controller with an I/O queue, then the commands that change state: writes, a
-//! fabrics Disconnect, an Abort, keep-alive expiry, a host that stops posting receives), so that a
+//! fabrics Disconnect, an Abort, keep-alive expiry, a host that stops posting receives, the
+//! target's SEND completions held behind the answers), so that a
 //! short run starts from them. `fuzz/seeds/fuzz_target_hostile_host/` holds them as files, which
 //! `scripts/fuzz.sh` gives the fuzzer; the test `seed_files_are_current` keeps those files equal
 //! to what this module builds (`NVMF_WRITE_SEEDS=1` rewrites them). Each must keep the rules.
@@ -9,6 +10,7 @@ use nvmf_protocol::Sqe;
 
 use super::{
     FLAG_0, FLAG_1, FLAG_2, OP_CAPSULE, OP_CONNECT, OP_DISCONNECT, OP_EXPIRE, OP_SETTLE, OP_SHORT,
+    OP_WAIT,
 };
 
 const READ: u8 = 0x02;
@@ -127,7 +129,33 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     flood_records.push(vec![OP_CONNECT | 2 << 3, 1, 0]);
     flood_records.extend(flood);
     flood_records.push(vec![OP_SETTLE]);
+    // The target's SEND completions held (a late ACK) while a host at depth 6 sends two full
+    // waves of reads: the first wave's answers give the depth back before the target hears
+    // their SENDs went, so the second is no overrun.
+    let held_sends = |first| {
+        let mut records = vec![
+            connect(0, true, 0),
+            vec![OP_CONNECT | 1 << 3, 0, 4],
+            vec![OP_WAIT | FLAG_0, 0],
+        ];
+        for wave in 0..2u16 {
+            for n in 0..6 {
+                records.push(capsule(
+                    1,
+                    FLAG_0,
+                    &io(READ, 30 + wave * 6 + n, 2, 0, 1, 4096),
+                    &[],
+                ));
+            }
+            records.push(vec![OP_WAIT, 3]);
+        }
+        records.push(vec![OP_SETTLE]);
+        input(first, &records)
+    };
     vec![
+        ("held_sends", held_sends(0)),
+        ("held_sends_silent_answers", held_sends(1)),
+        ("held_sends_tcp", held_sends(2)),
         ("session", session(0)),
         ("session_silent_answers", session(1)),
         ("session_tcp", session(2)),
