@@ -466,7 +466,7 @@ fn ready_passes(
 /// report: a completion, or the loss of their connection (which fails only their commands).
 #[test]
 fn ready_queues_visit_only_the_queues_with_completions_or_a_loss() {
-    let rig = Rig::start(SoftFabric::InProcess, Ipv4Addr::new(127, 0, 11, 5));
+    let rig = Rig::start(SoftFabric::InProcess, Ipv4Addr::new(127, 0, 11, 7));
     let mut address = rig.address.clone();
     address.transport = "soft".into();
     let fabric = RdmaFabric::new("soft", None).expect("fabric");
