@@ -121,6 +121,36 @@ fn serve_in_process(ip: Ipv4Addr, cores: Vec<usize>, device: &str) -> Served {
     }
 }
 
+/// The target at `ip`, port 4420, over the host transport `transport` ("soft", "soft-tcp").
+fn address(transport: &str, ip: Ipv4Addr) -> TransportAddress {
+    TransportAddress {
+        transport: transport.into(),
+        address: ip.to_string(),
+        service: "4420".into(),
+    }
+}
+
+/// nvmf-perf's verified 4 KiB random read/write at depth 16 on two host reactors, two queues
+/// per namespace, for 1.5 s.
+fn verified_randrw(seed: u64) -> RunConfig {
+    RunConfig {
+        spec: JobSpec {
+            pattern: Pattern::RandRw,
+            mix: 50,
+            io_size: 4096,
+            depth: 16,
+            verify: true,
+        },
+        duration: Duration::from_millis(1500),
+        cores: vec![0, 1],
+        pin: false,
+        qpairs_per_namespace: 2,
+        nsids: Vec::new(),
+        seed,
+        progress_every: None,
+    }
+}
+
 /// Controller options for host number `id` (its own host NQN and host ID).
 fn host_options(id: u8) -> ControllerOptions {
     ControllerOptions::new(
@@ -214,11 +244,7 @@ fn host_and_target_move_verified_data(
         };
     let transport = serve_invalidating(&runtime, &target, &ctx, addr, remote_invalidate);
 
-    let address = TransportAddress {
-        transport: transport_name.into(),
-        address: ip.to_string(),
-        service: "4420".into(),
-    };
+    let address = address(transport_name, ip);
     let mut options = ControllerOptions::new(
         NQN,
         "nqn.2014-08.org.nvmexpress:uuid:07070707-0707-0707-0707-070707070707",
@@ -262,22 +288,7 @@ fn host_and_target_move_verified_data(
         Arc::new(SystemClock),
     )
     .expect("again");
-    let cfg = RunConfig {
-        spec: JobSpec {
-            pattern: Pattern::RandRw,
-            mix: 50,
-            io_size: 4096,
-            depth: 16,
-            verify: true,
-        },
-        duration: Duration::from_millis(1500),
-        cores: vec![0, 1],
-        pin: false,
-        qpairs_per_namespace: 2,
-        nsids: Vec::new(),
-        seed: 3,
-        progress_every: None,
-    };
+    let cfg = verified_randrw(3);
     let report = run(&mut controller, &cfg, |_| {}).expect("perf run");
     assert!(report.passed(), "{}", report.to_text());
     assert!(report.total.ios > 0);
@@ -328,11 +339,7 @@ fn the_host_reconnects_after_the_target_restarts_and_reads_its_data() {
         ctrl_loss_timeout: Some(Duration::from_secs(30)),
         fast_io_fail: None,
     };
-    let address = TransportAddress {
-        transport: "soft".into(),
-        address: ip.to_string(),
-        service: "4420".into(),
-    };
+    let address = address("soft", ip);
     let fabric = RdmaFabric::new("soft", None).expect("fabric");
     let controller =
         Controller::connect(fabric, address, options, Arc::new(SystemClock)).expect("controller");
@@ -397,11 +404,7 @@ fn lazy_reads_hand_each_read_its_own_data() {
     options.io_queues = 1;
     options.io_queue_depth = 3;
     options.reconnect = ReconnectPolicy::never();
-    let address = TransportAddress {
-        transport: "soft".into(),
-        address: ip.to_string(),
-        service: "4420".into(),
-    };
+    let address = address("soft", ip);
     let fabric = RdmaFabric::new("soft", None).expect("fabric");
     let mut controller =
         Controller::connect(fabric, address, options, Arc::new(SystemClock)).expect("controller");
@@ -482,11 +485,7 @@ fn late_send_completions_on_both_sides_lose_nothing() {
     options.io_queues = 2;
     options.io_queue_depth = 16;
     options.reconnect = ReconnectPolicy::never();
-    let address = TransportAddress {
-        transport: "soft".into(),
-        address: ip.to_string(),
-        service: "4420".into(),
-    };
+    let address = address("soft", ip);
     let fabric = RdmaFabric::new("soft", None).expect("fabric").spread(2);
     let mut controller =
         Controller::connect(fabric.clone(), address, options, Arc::new(SystemClock))
@@ -522,22 +521,7 @@ fn late_send_completions_on_both_sides_lose_nothing() {
             turns
         })
     };
-    let cfg = RunConfig {
-        spec: JobSpec {
-            pattern: Pattern::RandRw,
-            mix: 50,
-            io_size: 4096,
-            depth: 16,
-            verify: true,
-        },
-        duration: Duration::from_millis(1500),
-        cores: vec![0, 1],
-        pin: false,
-        qpairs_per_namespace: 2,
-        nsids: Vec::new(),
-        seed: 8,
-        progress_every: None,
-    };
+    let cfg = verified_randrw(8);
     let report = run(&mut controller, &cfg, |_| {});
     stop.store(true, Ordering::Relaxed);
     let turns = toggler.join().expect("toggler");

@@ -239,27 +239,21 @@ mod tests {
                 }])
                 .unwrap();
         };
+        let send = |side: &mut Side, id| {
+            let sge = [side.mr.sge(0, 8)];
+            side.qp
+                .post_send(&[send_wr(id, SendOp::Send, &sge, SendFlags::SIGNALED)])
+                .unwrap();
+        };
         recv(&mut a, 100);
         recv(&mut b, 200);
         a.ctx
             .faults()
             .hold_send_completions(a.cq.id(), true)
             .unwrap();
-        a.qp.post_send(&[send_wr(
-            1,
-            SendOp::Send,
-            &[a.mr.sge(0, 8)],
-            SendFlags::SIGNALED,
-        )])
-        .unwrap();
+        send(&mut a, 1);
         assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 200, "b got a's SEND");
-        b.qp.post_send(&[send_wr(
-            2,
-            SendOp::Send,
-            &[b.mr.sge(0, 8)],
-            SendFlags::SIGNALED,
-        )])
-        .unwrap();
+        send(&mut b, 2);
         assert_eq!(net.wait(&b.cq, 1)[0].wr_id, 2);
         let answer = net.wait(&a.cq, 1)[0];
         assert_eq!(

@@ -76,19 +76,38 @@ fn submit(host: &mut PollGroup<()>, handle: QpairHandle, i: &mut Initiator, seq:
     i.by_seq.insert(seq, req);
 }
 
-pub fn host_group_round_trips(flavor: Flavor) {
-    let Some(fx) = Fx::open(flavor) else { return };
-    let cfg = crate::chains::cfg(1);
+/// The fault injector of `fx`'s device: soft flavors only.
+fn soft_faults(fx: &Fx) -> nvmf_transport::soft::FaultInjector {
+    fx.ctx
+        .as_soft()
+        .expect("soft flavors only: holding completions is a soft fault")
+        .faults()
+}
+
+/// A target group and a host group (16 receives per qpair) on `fx`'s device, both sized by
+/// `cfg`, with one qpair of `depth` between them: (target, host, the host qpair's qp_num).
+fn connected_groups(
+    fx: &Fx,
+    cfg: PollGroupConfig,
+    depth: u32,
+) -> (PollGroup<()>, PollGroup<()>, u32) {
     let mut target = PollGroup::<()>::new(&fx.ctx, cfg.clone()).unwrap();
     let mut host =
         PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::PerQpair { recvs: 16 }).unwrap();
-    assert!(host.srq().is_none());
     let mut tq = target.create_qp().unwrap();
     let mut hq = host.create_qp().unwrap();
     fx.connect(&mut hq, &mut tq, 7);
-    let depth = 8;
     target.add_qp(tq, depth, 16, 0).unwrap();
     let hqpn = host.add_qp(hq, depth, 16, 0).unwrap();
+    (target, host, hqpn)
+}
+
+pub fn host_group_round_trips(flavor: Flavor) {
+    let Some(fx) = Fx::open(flavor) else { return };
+    let cfg = crate::chains::cfg(1);
+    let depth = 8;
+    let (mut target, mut host, hqpn) = connected_groups(&fx, cfg, depth);
+    assert!(host.srq().is_none());
     let handle = host.qpair_handle(hqpn).unwrap();
     let mut t = Scripted::default();
     let mut i = Initiator::default();
@@ -138,20 +157,9 @@ pub fn host_group_round_trips(flavor: Flavor) {
 /// come back. Soft flavors only (the hold is a soft fault).
 pub fn host_response_before_send_completion(flavor: Flavor) {
     let Some(fx) = Fx::open(flavor) else { return };
-    let faults = fx
-        .ctx
-        .as_soft()
-        .expect("soft flavors only: holding completions is a soft fault")
-        .faults();
+    let faults = soft_faults(&fx);
     let cfg = crate::chains::cfg(1);
-    let mut target = PollGroup::<()>::new(&fx.ctx, cfg.clone()).unwrap();
-    let mut host =
-        PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::PerQpair { recvs: 16 }).unwrap();
-    let mut tq = target.create_qp().unwrap();
-    let mut hq = host.create_qp().unwrap();
-    fx.connect(&mut hq, &mut tq, 7);
-    target.add_qp(tq, 4, 16, 0).unwrap();
-    let hqpn = host.add_qp(hq, 4, 16, 0).unwrap();
+    let (mut target, mut host, hqpn) = connected_groups(&fx, cfg, 4);
     let handle = host.qpair_handle(hqpn).unwrap();
     let (mut t, mut i) = (Scripted::default(), Initiator::default());
     faults.hold_send_completions(host.cq().id(), true).unwrap();
@@ -202,25 +210,14 @@ pub fn host_response_before_send_completion(flavor: Flavor) {
 /// SENDs. Soft flavors only (the hold is a soft fault).
 pub fn target_depth_comes_back_with_the_answer(flavor: Flavor) {
     let Some(fx) = Fx::open(flavor) else { return };
-    let faults = fx
-        .ctx
-        .as_soft()
-        .expect("soft flavors only: holding completions is a soft fault")
-        .faults();
+    let faults = soft_faults(&fx);
     // Every answer signaled, so that each waits for its own SEND completion.
     let cfg = PollGroupConfig {
         silent_answers: 0,
         ..crate::chains::cfg(1)
     };
-    let mut target = PollGroup::<()>::new(&fx.ctx, cfg.clone()).unwrap();
-    let mut host =
-        PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::PerQpair { recvs: 16 }).unwrap();
-    let mut tq = target.create_qp().unwrap();
-    let mut hq = host.create_qp().unwrap();
-    fx.connect(&mut hq, &mut tq, 7);
     let depth = 4;
-    target.add_qp(tq, depth, 16, 0).unwrap();
-    let hqpn = host.add_qp(hq, depth, 16, 0).unwrap();
+    let (mut target, mut host, hqpn) = connected_groups(&fx, cfg, depth);
     let handle = host.qpair_handle(hqpn).unwrap();
     let (mut t, mut i) = (Scripted::default(), Initiator::default());
     faults
@@ -270,14 +267,7 @@ pub fn host_drain_ends_when_its_receives_flush(flavor: Flavor) {
         drain_timeout: std::time::Duration::from_secs(7200),
         ..crate::chains::cfg(1)
     };
-    let mut target = PollGroup::<()>::new(&fx.ctx, cfg.clone()).unwrap();
-    let mut host =
-        PollGroup::<()>::new_host(&fx.ctx, cfg, RecvMode::PerQpair { recvs: 16 }).unwrap();
-    let mut tq = target.create_qp().unwrap();
-    let mut hq = host.create_qp().unwrap();
-    fx.connect(&mut hq, &mut tq, 7);
-    target.add_qp(tq, 8, 16, 0).unwrap();
-    let hqpn = host.add_qp(hq, 8, 16, 0).unwrap();
+    let (mut target, mut host, hqpn) = connected_groups(&fx, cfg, 8);
     let (mut t, mut i) = (Scripted::default(), Initiator::default());
     // Its 16 receives go on the QP at the first poll.
     host.poll(&mut i).unwrap();
