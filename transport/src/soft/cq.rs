@@ -404,33 +404,29 @@ impl CqInner {
     }
 
     pub(crate) fn set_delay(&self, delay: Duration) {
-        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        self.faults_used.store(true, Ordering::Release);
-        h.delay = delay;
-        if delay.is_zero() {
-            self.faults.fetch_and(!FAULT_DELAY, Ordering::AcqRel);
-        } else {
-            self.faults.fetch_or(FAULT_DELAY, Ordering::AcqRel);
-        }
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.delay = delay;
+        self.switch_fault(FAULT_DELAY, !delay.is_zero());
     }
 
     pub(crate) fn set_hold_sends(&self, on: bool) {
-        let _h = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        self.faults_used.store(true, Ordering::Release);
-        if on {
-            self.faults.fetch_or(FAULT_HOLD_SENDS, Ordering::AcqRel);
-        } else {
-            self.faults.fetch_and(!FAULT_HOLD_SENDS, Ordering::AcqRel);
-        }
+        let _held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        self.switch_fault(FAULT_HOLD_SENDS, on);
     }
 
     pub(crate) fn set_reorder(&self, on: bool) {
-        let _h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let _held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        self.switch_fault(FAULT_REORDER, on);
+    }
+
+    /// Turns fault `bit` on or off (under the held list's lock, taken by the caller, so that a
+    /// poll sees the list and the bits change together).
+    fn switch_fault(&self, bit: u8, on: bool) {
         self.faults_used.store(true, Ordering::Release);
         if on {
-            self.faults.fetch_or(FAULT_REORDER, Ordering::AcqRel);
+            self.faults.fetch_or(bit, Ordering::AcqRel);
         } else {
-            self.faults.fetch_and(!FAULT_REORDER, Ordering::AcqRel);
+            self.faults.fetch_and(!bit, Ordering::AcqRel);
         }
     }
 }
