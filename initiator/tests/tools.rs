@@ -213,3 +213,36 @@ fn nvmf_block_range_commands_report_success_and_refuse_what_cannot_be_sent() {
         "{err}"
     );
 }
+
+#[test]
+fn nvmf_show_regs_reads_the_live_properties() {
+    let (code, out, err) = run(NVMF, &["--transport", "loopback", "show-regs"]);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert!(lines[0].starts_with("cap     : "), "{out}");
+    // NVMe 1.3; enabled with 64/16-byte entries; ready.
+    assert_eq!(
+        &lines[1..],
+        ["version : 10300", "cc      : 460001", "csts    : 1"]
+    );
+    let (code, out, err) = run(NVMF, &["--transport", "loopback", "show-regs", "-H"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\tReady (RDY): 1\n"), "{out}");
+    assert!(
+        out.contains("\tNVMe specification version: 1.3.0\n"),
+        "{out}"
+    );
+    let (code, out, _) = run(NVMF, &["--transport", "loopback", "--json", "show-regs"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(
+        (v["csts"].as_u64(), v["version"].as_u64()),
+        (Some(1), Some(0x10300))
+    );
+    assert_eq!(
+        format!("cap     : {:x}", v["cap"].as_u64().expect("cap")),
+        lines[0],
+        "the JSON and the text read the same CAP"
+    );
+}

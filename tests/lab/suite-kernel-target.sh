@@ -1,6 +1,6 @@
 #!/bin/bash
 # Suite `kernel-target` (guest): nvmf-rs's host side against the Linux kernel's target
-# (nvmet-rdma) over rxe0: nvmf discover and identify, a write and read back through a shared
+# (nvmet-rdma) over rxe0: nvmf discover, identify and show-regs, a write and read back through a shared
 # queue data region, write-zeroes, dsm and flush, then nvmf-perf with --verify on 4 qpairs, and
 # with per-I/O keys (memory windows); afterwards no qpair is left on either side.
 SUITE=kernel-target
@@ -16,6 +16,14 @@ nvmf_discover() {
 nvmf_identify() {
   timeout 60 "$NVMF_BIN" -a "$IP" -s $PORT -n "$NQN" id-ctrl | tee "$LOGS/nvmf-identify.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q "$NQN" "$LOGS/nvmf-identify.log"
+}
+# The live properties by Property Get, decoded: the controller nvmet enabled and ready.
+nvmf_show_regs() {
+  local log="$LOGS/nvmf-show-regs.log"
+  timeout 60 "$NVMF_BIN" -a "$IP" -s $PORT -n "$NQN" show-regs -H | tee "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q "^version : " "$log" &&
+    grep -q "Enable (EN): 1$" "$log" && grep -q "Ready (RDY): 1$" "$log" &&
+    grep -q "Controller Fatal Status (CFS): 0$" "$log"
 }
 # 2 MiB written and read back in 128 KiB commands through a 256 KiB shared data region (two
 # largest transfers in flight, by the region, not the queue depth), over real verbs.
@@ -68,6 +76,7 @@ check "nvmet-rdma serves $NQN (null_blk 256 MiB, 512 B, any host) on $IP:$PORT" 
 [ -x "$NVMF_BIN" ] || { echo "nvmf is not built (not in the workspace yet)"; SKIP_REASON="no nvmf binary"; }
 check "nvmf discover lists $NQN" nvmf_discover
 check "nvmf id-ctrl $NQN" nvmf_identify
+check "nvmf show-regs -H: CAP, VS, CC and CSTS read live, the controller enabled and ready" nvmf_show_regs
 check "nvmf write + read back 2 MiB through a 256 KiB shared queue data region" nvmf_shared_region
 check "nvmf write-zeroes, dsm --ad and flush: exactly the named blocks read back as zeroes" nvmf_block_commands
 SKIP_REASON=

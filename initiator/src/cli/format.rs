@@ -1,6 +1,7 @@
 //! nvme-cli-like output: `nvme id-ctrl` and `nvme id-ns` field names and layout (with a JSON
 //! form using the same keys, numbers as numbers), a namespace list, `nvme discover`'s entry
-//! blocks, get-feature lines, the SMART log and hex dumps for other log pages.
+//! blocks, get-feature lines, the SMART log, hex dumps for other log pages, and the controller
+//! properties as `nvme show-regs` prints them.
 
 use nvmf_protocol::features::FeatureId;
 use nvmf_protocol::identify::{IdentifyController, IdentifyNamespace};
@@ -8,6 +9,7 @@ use nvmf_protocol::log::{
     DiscoveryLog, RdmaCms, RdmaProviderType, RdmaQpType, SmartLog, SubsystemType, TransportType,
     Tsas,
 };
+use nvmf_protocol::properties::{Cap, Cc, Csts, ShutdownNotification, ShutdownStatus, Vs};
 use serde_json::{Map, Value};
 
 use crate::controller::{Namespace, hex_id, uuid_string};
@@ -561,6 +563,159 @@ pub fn hexdump(bytes: &[u8]) -> String {
     s
 }
 
+/// The properties `nvme show-regs` reads of a fabrics controller (Property Get).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registers {
+    pub cap: u64,
+    pub vs: u32,
+    pub cc: u32,
+    pub csts: u32,
+}
+
+/// 2^(12 + n) bytes: a memory page size field.
+fn page_bytes(n: u8) -> u64 {
+    4096u64 << n.min(20)
+}
+
+/// A register's name, value and decoded fields.
+type Register = (&'static str, u64, Vec<(&'static str, Field)>);
+
+/// Each register's decoded fields, named as nvme-cli's `show-regs -H` names them.
+fn regs_decoded(r: &Registers) -> [Register; 4] {
+    let cap = Cap::from_u64(r.cap);
+    let vs = Vs::from_u32(r.vs);
+    let cc = Cc::from_u32(r.cc);
+    let csts = Csts::from_u32(r.csts);
+    let css = |bits: u8| {
+        let mut sets = Vec::new();
+        if bits & 1 != 0 {
+            sets.push("NVM");
+        }
+        if bits & (1 << 6) != 0 {
+            sets.push("I/O command sets");
+        }
+        if bits & (1 << 7) != 0 {
+            sets.push("admin only");
+        }
+        text(if sets.is_empty() {
+            "none".to_string()
+        } else {
+            sets.join(", ")
+        })
+    };
+    let shn = match cc.shn {
+        ShutdownNotification::None => text("none"),
+        ShutdownNotification::Normal => text("normal"),
+        ShutdownNotification::Abrupt => text("abrupt"),
+        other => text(format!("reserved ({})", other.raw())),
+    };
+    let shst = match csts.shst {
+        ShutdownStatus::Normal => text("normal operation"),
+        ShutdownStatus::Occurring => text("shutdown processing occurring"),
+        ShutdownStatus::Complete => text("shutdown processing complete"),
+        other => text(format!("reserved ({})", other.raw())),
+    };
+    [
+        (
+            "cap",
+            r.cap,
+            vec![
+                (
+                    "Memory Page Size Maximum (MPSMAX), bytes",
+                    num(page_bytes(cap.mpsmax)),
+                ),
+                (
+                    "Memory Page Size Minimum (MPSMIN), bytes",
+                    num(page_bytes(cap.mpsmin)),
+                ),
+                ("Command Sets Supported (CSS)", css(cap.css)),
+                ("NVM Subsystem Reset Supported (NSSRS)", num(cap.nssrs)),
+                (
+                    "Doorbell Stride (DSTRD), bytes",
+                    num(4u64 << cap.dstrd.min(15)),
+                ),
+                ("Timeout (TO), ms", num(cap.timeout_ms())),
+                ("Arbitration Mechanism Supported (AMS)", hex(cap.ams)),
+                ("Contiguous Queues Required (CQR)", num(cap.cqr)),
+                (
+                    "Maximum Queue Entries Supported (MQES)",
+                    num(cap.max_queue_entries()),
+                ),
+            ],
+        ),
+        (
+            "version",
+            u64::from(r.vs),
+            vec![(
+                "NVMe specification version",
+                text(format!("{}.{}.{}", vs.major, vs.minor, vs.tertiary)),
+            )],
+        ),
+        (
+            "cc",
+            u64::from(r.cc),
+            vec![
+                (
+                    "I/O Completion Queue Entry Size (IOCQES), bytes",
+                    num(1u64 << cc.iocqes.min(15)),
+                ),
+                (
+                    "I/O Submission Queue Entry Size (IOSQES), bytes",
+                    num(1u64 << cc.iosqes.min(15)),
+                ),
+                ("Shutdown Notification (SHN)", shn),
+                ("Arbitration Mechanism Selected (AMS)", hex(cc.ams)),
+                ("Memory Page Size (MPS), bytes", num(page_bytes(cc.mps))),
+                ("I/O Command Set Selected (CSS)", hex(cc.css)),
+                ("Enable (EN)", num(cc.en)),
+            ],
+        ),
+        (
+            "csts",
+            u64::from(r.csts),
+            vec![
+                ("Processing Paused (PP)", num(csts.pp)),
+                ("NVM Subsystem Reset Occurred (NSSRO)", num(csts.nssro)),
+                ("Shutdown Status (SHST)", shst),
+                ("Controller Fatal Status (CFS)", num(csts.cfs)),
+                ("Ready (RDY)", num(csts.rdy)),
+            ],
+        ),
+    ]
+}
+
+/// `nvme show-regs` text: one line per register in hex; `human` adds its decoded fields.
+pub fn regs_text(r: &Registers, human: bool) -> String {
+    let mut s = String::new();
+    for (name, value, fields) in regs_decoded(r) {
+        s.push_str(&format!("{name:<8}: {value:x}\n"));
+        if human {
+            for (field, v) in fields {
+                s.push_str(&format!("\t{field}: {}\n", v.text()));
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// `nvme show-regs -o json`: each register as a number (and with `human` its decoded fields
+/// under "<register>_decoded").
+pub fn regs_json(r: &Registers, human: bool) -> Value {
+    let mut m = Map::new();
+    for (name, value, fields) in regs_decoded(r) {
+        m.insert(name.to_string(), Value::from(value));
+        if human {
+            let decoded: Map<String, Value> = fields
+                .into_iter()
+                .map(|(field, v)| (field.to_string(), v.json()))
+                .collect();
+            m.insert(format!("{name}_decoded"), Value::Object(decoded));
+        }
+    }
+    Value::Object(m)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -678,5 +833,61 @@ mod tests {
             })
             .contains("37 °C (310 K)")
         );
+    }
+
+    #[test]
+    fn show_regs_decodes_each_register() {
+        use nvmf_protocol::properties::{Cap, Csts};
+        let cap = Cap {
+            mqes: 127,
+            to: 30,
+            css: 1,
+            mpsmax: 4,
+            ..Cap::default()
+        };
+        let csts = Csts {
+            rdy: false,
+            cfs: true,
+            shst: ShutdownStatus::Complete,
+            ..Csts::default()
+        };
+        let regs = Registers {
+            cap: cap.to_u64(),
+            vs: 0x0002_0100,
+            cc: 0x0046_4001,
+            csts: csts.to_u32(),
+        };
+        let plain = regs_text(&regs, false);
+        assert_eq!(
+            plain,
+            format!(
+                "cap     : {:x}\nversion : 20100\ncc      : 464001\ncsts    : {:x}\n",
+                cap.to_u64(),
+                csts.to_u32()
+            )
+        );
+        let human = regs_text(&regs, true);
+        for line in [
+            "\tMaximum Queue Entries Supported (MQES): 128\n",
+            "\tTimeout (TO), ms: 15000\n",
+            "\tMemory Page Size Maximum (MPSMAX), bytes: 65536\n",
+            "\tCommand Sets Supported (CSS): NVM\n",
+            "\tNVMe specification version: 2.1.0\n",
+            "\tShutdown Notification (SHN): normal\n",
+            "\tEnable (EN): 1\n",
+            "\tShutdown Status (SHST): shutdown processing complete\n",
+            "\tController Fatal Status (CFS): 1\n",
+            "\tReady (RDY): 0\n",
+        ] {
+            assert!(human.contains(line), "{line:?} not in\n{human}");
+        }
+        let json = regs_json(&regs, true);
+        assert_eq!(json["cc"], 0x0046_4001);
+        assert_eq!(json["csts_decoded"]["Ready (RDY)"], 0);
+        assert_eq!(
+            json["cap_decoded"]["Maximum Queue Entries Supported (MQES)"],
+            128
+        );
+        assert!(regs_json(&regs, false).get("cap_decoded").is_none());
     }
 }

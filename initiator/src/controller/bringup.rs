@@ -83,7 +83,7 @@ fn fabrics_connect<Q: crate::queue::HostQueue>(
     Ok(ConnectResponse::from_dw0(cqe.dw0).cntlid)
 }
 
-fn property_get<Q: crate::queue::HostQueue>(
+pub(super) fn property_get<Q: crate::queue::HostQueue>(
     q: &mut AdminQueue<Q>,
     offset: PropertyOffset,
 ) -> Result<u64> {

@@ -23,7 +23,7 @@ use nvmf_protocol::admin::{FeatureSelect, GetFeaturesCmd, GetLogPageCmd, SetFeat
 use nvmf_protocol::features::FeatureId;
 use nvmf_protocol::identify::IdentifyController;
 use nvmf_protocol::log::{DISCOVERY_RECORD_SIZE, DiscoveryLog, DiscoveryLogHeader, LogId};
-use nvmf_protocol::properties::{Cap, Vs};
+use nvmf_protocol::properties::{Cap, PropertyOffset, Vs};
 use nvmf_protocol::{DISCOVERY_NQN, SglDescriptor};
 
 use crate::admin::{AdminQueue, Transfer};
@@ -465,6 +465,13 @@ impl<F: Fabric> Controller<F> {
         let records = usize::try_from(h.numrec).unwrap_or(usize::MAX).min(1024);
         let full = self.get_log_page(LogId::Discovery, 0, DISCOVERY_RECORD_SIZE * (1 + records))?;
         Ok(DiscoveryLog::decode(&full)?)
+    }
+
+    /// Property Get of `offset` on the admin queue now (CAP is 8 bytes, the others 4): what
+    /// `nvme show-regs` reads of a fabrics controller. `cap()` and `version()` are the values
+    /// read at bring-up.
+    pub fn property(&mut self, offset: PropertyOffset) -> Result<u64> {
+        bringup::property_get(self.admin_mut()?, offset)
     }
 
     /// Get Features `fid` (current value); returns completion DW0.

@@ -20,6 +20,7 @@ use nvmf_initiator::rdma::RdmaFabric;
 use nvmf_protocol::DISCOVERY_NQN;
 use nvmf_protocol::features::FeatureId;
 use nvmf_protocol::log::{LogId, SMART_LOG_SIZE, SmartLog};
+use nvmf_protocol::properties::PropertyOffset;
 
 /// Talk to an NVMe-oF subsystem the way nvme-cli talks to a local controller.
 #[derive(Debug, Parser)]
@@ -121,6 +122,13 @@ enum Command {
         /// Make the value persist across resets.
         #[arg(long)]
         save: bool,
+    },
+    /// Print the controller's properties CAP, VS, CC and CSTS, read now with Property Get (like
+    /// `nvme show-regs` on a fabrics controller): hex values, decoded with -H.
+    ShowRegs {
+        /// Decode each register's fields (nvme-cli's -H).
+        #[arg(short = 'H', long)]
+        human_readable: bool,
     },
     /// Read a log page (SMART is decoded, others dumped in hex unless --raw).
     GetLog {
@@ -394,6 +402,23 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
                 fid.raw(),
                 format::feature_name(fid)
             );
+        }
+        Command::ShowRegs { human_readable } => {
+            let mut read = |offset| {
+                c.property(offset)
+                    .with_context(|| format!("Property Get of {offset:?}"))
+            };
+            let regs = format::Registers {
+                cap: read(PropertyOffset::Cap)?,
+                vs: read(PropertyOffset::Vs)? as u32,
+                cc: read(PropertyOffset::Cc)? as u32,
+                csts: read(PropertyOffset::Csts)? as u32,
+            };
+            if args.json {
+                print_json(format::regs_json(&regs, *human_readable));
+            } else {
+                print!("{}", format::regs_text(&regs, *human_readable));
+            }
         }
         Command::GetLog {
             log_id,
