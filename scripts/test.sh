@@ -19,7 +19,7 @@ cargo clippy -q -p nvmf-transport -p nvmf-target -p nvmf-initiator \
 step "cargo test --workspace"
 mkdir -p build
 cargo test --workspace 2>&1 | tee build/test-output.log
-step "separate processes: nvmf-tgt killed and restarted under nvmf-perf; nvmf write-zeroes, dsm, flush; nvmf-perf counting the keys the host invalidated (scripts/process-e2e.sh)"
+step "separate processes: nvmf-tgt killed and restarted under nvmf-perf; nvmf write-zeroes, dsm, flush; nvmf-perf counting the keys the host invalidated; nvmf show-regs (scripts/process-e2e.sh)"
 # Counted below with the rest (it is also among the workspace run's skipped: #[ignore]d there).
 bash scripts/process-e2e.sh 2>&1 | tee -a build/test-output.log
 # A plain closing line that counts every test binary's results together.
