@@ -55,7 +55,8 @@
 //!   above).
 //! - 4 disconnect the slot (CM disconnect; the slot is free again).
 //! - 5 capsule sent as SEND with immediate data (as 1, the immediate from the SQE's CID).
-//! - 6 wait a byte's worth of milliseconds (mod 4), polling. Flag 0 instead (the byte unused):
+//! - 6 wait a byte's worth of milliseconds (mod 4), polling. Flag 1 instead: wait until the
+//!   slot's commands are answered (at most a second; no rule). Flag 0 instead (the byte unused):
 //!   the target's SEND completions are held on every poll group CQ of the side while its receive
 //!   completions go past them, as when a NIC's ACK comes late: the host has its answers, and its
 //!   next capsules arrive, before the target hears that the answers went. Capsules, short SENDs
@@ -230,6 +231,21 @@ pub fn hostile_host(data: &[u8]) {
             OP_DISCONNECT => {
                 if let Some(s) = run.slots[slot].take() {
                     s.close();
+                }
+            }
+            OP_WAIT if control & FLAG_1 != 0 => {
+                let (_, tail) = take(rest, 1);
+                rest = tail;
+                // Until the slot's commands are answered, as a host that waits for its
+                // completions; bounded and no rule (a hold may keep what the answers need).
+                let until = Instant::now() + ANSWER_WAIT;
+                while Instant::now() < until
+                    && run.slots[slot]
+                        .as_ref()
+                        .is_some_and(HostQueue::owes_answers)
+                {
+                    run.poll_all();
+                    std::thread::yield_now();
                 }
             }
             OP_WAIT => {
@@ -454,6 +470,9 @@ fn idle(s: &GroupSnapshot) -> bool {
 /// Answers the host had while the target's SEND completions were held (the seeds test shows
 /// the hold lets answers through).
 static HELD_ANSWERS: AtomicU64 = AtomicU64::new(0);
+
+/// Longest operation 6 with flag 1 waits for a slot's answers.
+const ANSWER_WAIT: Duration = Duration::from_secs(1);
 
 /// Capsules, short SENDs and waits a hold of the target's SEND completions lasts at most.
 const MAX_HELD_RECORDS: u8 = 16;

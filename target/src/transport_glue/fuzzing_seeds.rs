@@ -130,8 +130,8 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     flood_records.extend(flood);
     flood_records.push(vec![OP_SETTLE]);
     // The target's SEND completions held (a late ACK) while a host at depth 6 sends two full
-    // waves of reads: the first wave's answers give the depth back before the target hears
-    // their SENDs went, so the second is no overrun.
+    // waves of reads, the second once it has the first's answers: those gave the depth back
+    // before the target heard their SENDs went, so the second is no overrun.
     let held_sends = |first| {
         let mut records = vec![
             connect(0, true, 0),
@@ -147,7 +147,7 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
                     &[],
                 ));
             }
-            records.push(vec![OP_WAIT, 3]);
+            records.push(vec![OP_WAIT | 1 << 3 | FLAG_1, 0]);
         }
         records.push(vec![OP_SETTLE]);
         input(first, &records)
