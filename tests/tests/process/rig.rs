@@ -142,13 +142,14 @@ impl Rig {
         .to_vec()
     }
 
-    /// `nvmf-perf ARGS...` to completion against the target: (status, stdout, stderr).
-    pub fn perf(&self, args: &[&str]) -> (ExitStatus, String, String) {
-        let out = Command::new(bin("nvmf-perf"))
+    /// The built binary `name` with the target's address and then `args`, to completion:
+    /// (status, stdout, stderr).
+    fn host_tool(&self, name: &str, args: &[&str]) -> (ExitStatus, String, String) {
+        let out = Command::new(bin(name))
             .args(self.host_args())
             .args(args)
             .output()
-            .expect("nvmf-perf runs");
+            .unwrap_or_else(|e| panic!("{name} runs: {e}"));
         (
             out.status,
             String::from_utf8_lossy(&out.stdout).into(),
@@ -156,19 +157,16 @@ impl Rig {
         )
     }
 
-    /// `nvmf ARGS...` to completion: (status, stdout, stderr).
+    /// `nvmf-perf ARGS...` to completion against the target: (status, stdout, stderr).
+    pub fn perf(&self, args: &[&str]) -> (ExitStatus, String, String) {
+        self.host_tool("nvmf-perf", args)
+    }
+
+    /// `nvmf ARGS...` to completion, giving up on a lost connection at once: (status, stdout,
+    /// stderr).
     pub fn nvmf(&self, args: &[&str]) -> (ExitStatus, String, String) {
-        let out = Command::new(bin("nvmf"))
-            .args(self.host_args())
-            .args(["--reconnect-delay", "1", "--ctrl-loss-tmo", "0"])
-            .args(args)
-            .output()
-            .expect("nvmf runs");
-        (
-            out.status,
-            String::from_utf8_lossy(&out.stdout).into(),
-            String::from_utf8_lossy(&out.stderr).into(),
-        )
+        let no_reconnect = ["--reconnect-delay", "1", "--ctrl-loss-tmo", "0"];
+        self.host_tool("nvmf", &[&no_reconnect[..], args].concat())
     }
 
     /// `nvmf ARGS...`, which must succeed: its stdout.
