@@ -14,6 +14,8 @@ pub struct GateBdev {
     open: Arc<AtomicBool>,
     /// I/O completed so far (reaped by a poll).
     pub reaped: Arc<AtomicUsize>,
+    /// Writes submitted with forced unit access (what the host asked to be durable).
+    pub fua_writes: Arc<AtomicUsize>,
 }
 
 impl GateBdev {
@@ -28,6 +30,7 @@ impl GateBdev {
             },
             open,
             reaped: Arc::new(AtomicUsize::new(0)),
+            fua_writes: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
@@ -40,6 +43,7 @@ impl Bdev for GateBdev {
         Ok(Box::new(GateChannel {
             open: self.open.clone(),
             reaped: self.reaped.clone(),
+            fua_writes: self.fua_writes.clone(),
             tags: Vec::new(),
         }))
     }
@@ -48,11 +52,15 @@ impl Bdev for GateBdev {
 struct GateChannel {
     open: Arc<AtomicBool>,
     reaped: Arc<AtomicUsize>,
+    fua_writes: Arc<AtomicUsize>,
     tags: Vec<u64>,
 }
 
 impl BdevChannel for GateChannel {
-    fn submit(&mut self, _op: BdevOp<'_>, _data: &mut IoBuf<'_, '_>, tag: u64) -> Submitted {
+    fn submit(&mut self, op: BdevOp<'_>, _data: &mut IoBuf<'_, '_>, tag: u64) -> Submitted {
+        if let BdevOp::WriteFua { .. } = op {
+            self.fua_writes.fetch_add(1, Ordering::AcqRel);
+        }
         self.tags.push(tag);
         Submitted::Queued
     }

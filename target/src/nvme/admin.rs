@@ -34,6 +34,8 @@ const OAES_NS_ATTRIBUTE: u32 = 1 << 8;
 /// LPA: extended data for Get Log Page (LPO, NUMDU). Bit 0 (SMART per namespace) clear: the
 /// SMART / Health log is the controller's only.
 const LPA_EXTENDED: u8 = 1 << 2;
+/// Firmware Slot Information log page.
+const FIRMWARE_SLOT_LOG_SIZE: usize = 512;
 /// DLFEAT: Write Zeroes may deallocate (bit 3); deallocated blocks read as zeroes (001b).
 const DLFEAT: u8 = 0x09;
 
@@ -57,6 +59,22 @@ impl Queue {
             return Exec::Done(self.error(sqe, SEQUENCE_ERROR));
         }
         let discovery = c.is_discovery();
+        // Only Identify and Get Log Page move data (checked there): a buffer with any other
+        // command would go back to the host unwritten.
+        let moves_data = matches!(op, AdminOpcode::Identify | AdminOpcode::GetLogPage);
+        let known = matches!(
+            op,
+            AdminOpcode::SetFeatures
+                | AdminOpcode::GetFeatures
+                | AdminOpcode::KeepAlive
+                | AdminOpcode::AsyncEventRequest
+                | AdminOpcode::Abort
+        );
+        if known && !moves_data {
+            if let Err(cqe) = self.data_length(sqe, data, 0) {
+                return Exec::Done(cqe);
+            }
+        }
         let cqe = match op {
             AdminOpcode::Identify => self.identify(c, sqe, data),
             AdminOpcode::GetLogPage => self.get_log_page(c, sqe, data),
@@ -77,8 +95,8 @@ impl Queue {
         let Ok(cmd) = IdentifyCmd::from_sqe(sqe) else {
             return self.error(sqe, INVALID_FIELD);
         };
-        if data.len() < IDENTIFY_DATA_SIZE {
-            return self.error(sqe, SGL_LENGTH_INVALID);
+        if let Err(cqe) = self.data_length(sqe, data, IDENTIFY_DATA_SIZE as u64) {
+            return cqe;
         }
         let mut page = [0u8; IDENTIFY_DATA_SIZE];
         let result = match (cmd.cns, c.is_discovery()) {
@@ -165,6 +183,8 @@ impl Queue {
             sn: fixed(sub.map_or("discovery", |s| s.serial.as_str())),
             mn: fixed(sub.map_or("nvmf-rs discovery", |s| s.model.as_str())),
             fr: FixedStr::new(env!("CARGO_PKG_VERSION"), "FR").unwrap_or(FixedStr::EMPTY),
+            // One firmware slot (bits 3:1), read only (bit 0): the firmware slot log's.
+            frmw: (1 << 1) | 1,
             rab: 6,
             // Dynamic controllers: the subsystem may have several.
             cmic: 1 << 1,
@@ -203,8 +223,9 @@ impl Queue {
             return self.error(sqe, INVALID_FIELD);
         };
         let len = cmd.transfer_len();
-        if (data.len() as u64) < len {
-            return self.error(sqe, SGL_LENGTH_INVALID);
+        // Before the page is built: reading the changed namespace list clears it.
+        if let Err(cqe) = self.data_length(sqe, data, len) {
+            return cqe;
         }
         // LPO must be dword aligned.
         if cmd.lpo % 4 != 0 {
@@ -244,6 +265,17 @@ impl Queue {
                 }
                 b
             }
+            // Mandatory (NVMe 1.3 5.14.1.3): one read-only slot, active, holding this build.
+            (LogId::FirmwareSlot, false) => {
+                let mut b = vec![0u8; FIRMWARE_SLOT_LOG_SIZE];
+                b[0] = 1;
+                // FRS1: ASCII, space padded, as Identify's FR.
+                let fr = self.identify_controller(c).fr;
+                let n = fr.len().min(8);
+                b[8..8 + n].copy_from_slice(&fr.as_bytes()[..n]);
+                b[8 + n..16].fill(b' ');
+                b
+            }
             (LogId::ChangedNamespaceList, false) => {
                 let mut s = c.state();
                 let list = if s.changed_overflow {
@@ -268,7 +300,6 @@ impl Queue {
         let Some(from) = usize::try_from(cmd.lpo).ok().filter(|o| *o <= page.len()) else {
             return self.error(sqe, INVALID_FIELD);
         };
-        data.truncate(len as usize);
         data.fill_from(&page[from..]);
         self.success(sqe, 0)
     }
@@ -277,13 +308,14 @@ impl Queue {
         let Ok(cmd) = sqe.as_set_features() else {
             return self.error(sqe, INVALID_FIELD);
         };
-        if cmd.save {
-            return self.error(sqe, FEATURE_NOT_SAVEABLE);
-        }
         let discovery = c.is_discovery();
+        // An unknown feature is Invalid Field whether or not it was asked to be saved.
         let Ok(feature) = Feature::decode(cmd.fid, cmd.cdw11) else {
             return self.error(sqe, INVALID_FIELD);
         };
+        if cmd.save {
+            return self.error(sqe, FEATURE_NOT_SAVEABLE);
+        }
         let max_queues = self.target.limits().max_io_queues;
         let mut s = c.state();
         let result = match feature {
@@ -315,7 +347,7 @@ impl Queue {
                 .to_dword()
             }
             Feature::VolatileWriteCache(v) => {
-                s.vwc_enabled = v.enabled;
+                c.set_write_cache(v.enabled);
                 0
             }
             Feature::Arbitration(a) => {
@@ -352,7 +384,12 @@ impl Queue {
                 _ => self.error(sqe, INVALID_FIELD),
             };
         }
-        let default = cmd.sel == FeatureSelect::Default;
+        // Nothing is saveable: the saved value is the default (NVMe 1.3 5.9.1).
+        let default = match cmd.sel {
+            FeatureSelect::Current => false,
+            FeatureSelect::Default | FeatureSelect::Saved => true,
+            _ => return self.error(sqe, INVALID_FIELD),
+        };
         let s = c.state();
         let value = match cmd.fid {
             FeatureId::KeepAliveTimer => KeepAliveTimer {
@@ -379,7 +416,7 @@ impl Queue {
                 .to_dword()
             }
             FeatureId::VolatileWriteCache => VolatileWriteCache {
-                enabled: default || s.vwc_enabled,
+                enabled: default || c.write_cache_enabled(),
             }
             .to_dword(),
             FeatureId::Arbitration => if default {

@@ -67,6 +67,9 @@ pub struct Controller {
     aer_ready: AtomicBool,
     /// Controller resets so far: I/O queues bound under an older epoch must go.
     epoch: AtomicU32,
+    /// Volatile Write Cache enable (Set Features 06h): off, every write is forced unit
+    /// access. An atomic: each write of every I/O queue reads it.
+    write_cache: AtomicBool,
     /// Abort requests wait in `State::aborts` for the reactors owning their queues.
     aborts_pending: AtomicBool,
     /// Answers wait in `State::abort_answers` for the admin queue.
@@ -94,8 +97,6 @@ pub struct State {
     pub arbitration: Arbitration,
     /// Power Management (only state 0 exists).
     pub power: PowerManagement,
-    /// Volatile Write Cache enable (stored; flushes always reach the device).
-    pub vwc_enabled: bool,
     /// CIDs of outstanding Asynchronous Event Requests, oldest first.
     pub aer_cids: VecDeque<u16>,
     /// CIDs of AERs a controller reset aborted, to be answered by the admin queue.
@@ -142,6 +143,7 @@ impl Controller {
             defunct: AtomicBool::new(false),
             aer_ready: AtomicBool::new(false),
             epoch: AtomicU32::new(0),
+            write_cache: AtomicBool::new(true),
             aborts_pending: AtomicBool::new(false),
             aborts_answered: AtomicBool::new(false),
             state: Mutex::new(State {
@@ -154,7 +156,6 @@ impl Controller {
                 aec: AsyncEventConfig::default(),
                 arbitration: Arbitration::default(),
                 power: PowerManagement::default(),
-                vwc_enabled: true,
                 aer_cids: VecDeque::new(),
                 aer_aborted: Vec::new(),
                 resetting: false,
@@ -210,6 +211,17 @@ impl Controller {
     /// atomic load: the I/O path reads it.
     pub fn epoch(&self) -> u32 {
         self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether the volatile write cache is enabled (writes may complete before they are
+    /// durable; a Flush makes them so).
+    pub fn write_cache_enabled(&self) -> bool {
+        self.write_cache.load(Ordering::Relaxed)
+    }
+
+    /// Set Features Volatile Write Cache.
+    pub fn set_write_cache(&self, enabled: bool) {
+        self.write_cache.store(enabled, Ordering::Relaxed);
     }
 
     /// I/O queue `qid` closed: its id is free again; the last one to close after a reset

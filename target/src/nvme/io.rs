@@ -287,8 +287,8 @@ impl Queue {
                 if !in_range {
                     return Exec::Done(self.error(sqe, LBA_OUT_OF_RANGE));
                 }
-                if (data.len() as u64) < bytes {
-                    return Exec::Done(self.error(sqe, SGL_LENGTH_INVALID));
+                if let Err(cqe) = self.data_length(sqe, data, bytes) {
+                    return Exec::Done(cqe);
                 }
                 let (bop, kind) = match op {
                     IoOpcode::Read => {
@@ -299,8 +299,9 @@ impl Queue {
                     IoOpcode::Write => {
                         counters.write(bytes);
                         io.counters.write(bytes);
-                        // FUA (CDW12 bit 30): durable at completion.
-                        let op = if sqe.cdw12 & (1 << 30) != 0 {
+                        // FUA (CDW12 bit 30), or the write cache disabled: durable at
+                        // completion.
+                        let op = if sqe.cdw12 & (1 << 30) != 0 || !c.write_cache_enabled() {
                             BdevOp::WriteFua { lba, blocks }
                         } else {
                             BdevOp::Write { lba, blocks }
@@ -321,6 +322,9 @@ impl Queue {
                 if !in_range {
                     return Exec::Done(self.error(sqe, LBA_OUT_OF_RANGE));
                 }
+                if let Err(cqe) = self.data_length(sqe, data, 0) {
+                    return Exec::Done(cqe);
+                }
                 // DEAC (CDW12 bit 25): deallocate instead; both read back as zeroes.
                 let bop = if sqe.cdw12 & (1 << 25) != 0 {
                     self.ranges.clear();
@@ -340,6 +344,9 @@ impl Queue {
             IoOpcode::Flush => {
                 counters.other();
                 io.counters.other();
+                if let Err(cqe) = self.data_length(sqe, data, 0) {
+                    return Exec::Done(cqe);
+                }
                 io.submit(
                     ns,
                     BdevOp::Flush,

@@ -15,6 +15,7 @@ use nvmf_protocol::fabrics::{
     CNTLID_DYNAMIC, CONNECT_DATA_SIZE, ConnectCmd, ConnectData, ConnectInvalidParameter,
     ConnectResponse,
 };
+use nvmf_protocol::sqe::Fuse;
 use nvmf_protocol::{Cqe, DISCOVERY_NQN, FabricsType, Sqe, Status};
 
 use crate::bdev::{BlockRange, IoBuf};
@@ -182,6 +183,9 @@ impl Queue {
             self.sqhd = ((u32::from(self.sqhd) + 1) % depth.max(&1)) as u16;
         }
         let exec = match self.state.clone() {
+            // Fused operations are not supported (FUSES = 0): run apart, a fused Compare and
+            // Write would write even when the compare failed.
+            _ if sqe.fuse() != Fuse::Normal => Exec::Done(self.error(sqe, INVALID_FIELD)),
             QueueState::Unbound => {
                 if sqe.is_fabrics() && sqe.fctype() == FabricsType::Connect {
                     self.connect(sqe, data, now())
@@ -204,7 +208,11 @@ impl Queue {
                     // write from this one land after its own).
                     Exec::Done(self.error(sqe, ABORTED_SQ_DELETION))
                 } else if sqe.is_fabrics() {
-                    self.fabrics(io, &controller, qid, sqe)
+                    // Connect is refused on a bound queue before its data matters.
+                    match self.data_length(sqe, data, 0) {
+                        Err(cqe) if sqe.fctype() != FabricsType::Connect => Exec::Done(cqe),
+                        _ => self.fabrics(io, &controller, qid, sqe),
+                    }
                 } else if qid == 0 {
                     self.counters.other();
                     self.admin(io, &controller, sqe, data, tag, now)
@@ -277,6 +285,23 @@ impl Queue {
     }
 
     /// A failed completion of `sqe` on this queue.
+    /// The host's buffer must be exactly the `expected` bytes the command moves: SGLS bit 18
+    /// (a buffer longer than the data) is not advertised, as in nvmet, and what a command did
+    /// not write of a controller-to-host buffer would reach the host as the pool buffer last
+    /// held it (another host's data).
+    pub(super) fn data_length(
+        &self,
+        sqe: &Sqe,
+        data: &IoBuf<'_, '_>,
+        expected: u64,
+    ) -> Result<(), Cqe> {
+        if data.len() as u64 == expected {
+            Ok(())
+        } else {
+            Err(self.error(sqe, SGL_LENGTH_INVALID))
+        }
+    }
+
     pub(super) fn error(&self, sqe: &Sqe, status: Status) -> Cqe {
         Cqe::error(sqe.cid, self.sqid(), self.sqhd, status)
     }
@@ -312,10 +337,11 @@ impl Queue {
         if cmd.recfmt != 0 {
             return self.connect_error(sqe, CONNECT_INCOMPATIBLE_FORMAT, None);
         }
-        let mut raw = [0u8; CONNECT_DATA_SIZE];
-        if data.read_at(0, &mut raw) < CONNECT_DATA_SIZE {
-            return Exec::Done(self.error(sqe, SGL_LENGTH_INVALID));
+        if let Err(cqe) = self.data_length(sqe, data, CONNECT_DATA_SIZE as u64) {
+            return Exec::Done(cqe);
         }
+        let mut raw = [0u8; CONNECT_DATA_SIZE];
+        data.read_at(0, &mut raw);
         let Ok(cd) = ConnectData::decode(&raw) else {
             return self.invalid(sqe, ConnectInvalidParameter::SUBNQN);
         };

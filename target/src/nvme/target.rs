@@ -371,7 +371,8 @@ impl Target {
                     subnqn: fixed(&s.nqn),
                     traddr: fixed(&addr.ip().to_string()),
                     tsas: Tsas::Rdma(RdmaTsas {
-                        prtype: RdmaProviderType::RoceV2,
+                        // As nvmet: a listener may be on RoCE, InfiniBand, iWARP or a soft fabric.
+                        prtype: RdmaProviderType::NotSpecified,
                         ..RdmaTsas::default()
                     }),
                 });

@@ -70,6 +70,35 @@ fn target(allow_any: bool) -> Arc<Target> {
     Arc::new(t)
 }
 
+/// A target whose one subsystem (any host) has `bdevs` as namespaces 1, 2, ...
+fn target_with(bdevs: Vec<(&str, Arc<dyn crate::bdev::Bdev>)>) -> Arc<Target> {
+    let mut t = Target::new(Limits::default(), vec![listener()]);
+    let sub = Arc::new(Subsystem::new(
+        SUBNQN,
+        "SN1",
+        "MODEL",
+        true,
+        vec![],
+        16,
+        vec![listener()],
+    ));
+    for (i, (name, bdev)) in bdevs.into_iter().enumerate() {
+        let index = t.add_bdev(name, bdev);
+        let bdev = t.bdev(index).unwrap();
+        sub.add_namespace(Namespace {
+            nsid: i as u32 + 1,
+            bdev_index: index,
+            info: bdev.info().clone(),
+            bdev,
+            uuid: None,
+            nguid: None,
+        })
+        .unwrap();
+    }
+    t.add_subsystem(sub);
+    Arc::new(t)
+}
+
 struct Host {
     target: Arc<Target>,
     io: ReactorIo,
@@ -767,19 +796,41 @@ fn admin_error_paths() {
         StatusCode::CommandSpecific(CommandSpecificStatus::FeatureNotSaveable)
     );
     assert_eq!(
-        h.exec(&mut aq, get_log(0x03, 512, 0), &mut page)
+        h.exec(&mut aq, get_log(0x05, 512, 0), &mut page[..512])
             .status
             .code,
         StatusCode::CommandSpecific(CommandSpecificStatus::InvalidLogPage)
     );
     assert_eq!(
-        generic(&h.exec(&mut aq, get_log(0x02, 512, 2), &mut page)),
+        generic(&h.exec(&mut aq, get_log(0x02, 512, 2), &mut page[..512])),
         Some(GenericStatus::InvalidField)
     );
     assert_eq!(
-        generic(&h.exec(&mut aq, get_log(0x02, 512, 1024), &mut page)),
+        generic(&h.exec(&mut aq, get_log(0x02, 512, 1024), &mut page[..512])),
         Some(GenericStatus::InvalidField)
     );
+    // Set Features of an unknown feature asked to be saved: the feature is what is wrong.
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x09, 0, 0x7E | (1 << 31), 0), &mut [])),
+        Some(GenericStatus::InvalidField)
+    );
+    // Get Features SEL: saved (nothing is saveable) is the default; 4..7 are reserved.
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x09, 0, 0x0F, 5000), &mut [])
+            .status
+            .is_success()
+    );
+    assert_eq!(
+        h.exec(&mut aq, admin_cmd(0x0A, 0, 0x0F, 0), &mut []).dw0,
+        5000
+    );
+    for (sel, want) in [(1u32, Some(0)), (2, Some(0)), (4, None), (7, None)] {
+        let c = h.exec(&mut aq, admin_cmd(0x0A, 0, 0x0F | (sel << 8), 0), &mut []);
+        match want {
+            Some(v) => assert_eq!((c.status.is_success(), c.dw0), (true, v), "sel {sel}"),
+            None => assert_eq!(generic(&c), Some(GenericStatus::InvalidField), "sel {sel}"),
+        }
+    }
     // Property Get on an I/O queue.
     let cntlid = aq.controller().unwrap().cntlid;
     let mut q = h.io_queue(1, cntlid);
@@ -1089,7 +1140,7 @@ fn discovery_lists_what_the_host_may_see() {
     assert_eq!(e.trsvcid.as_str(), "4420");
     assert_eq!(e.trtype, nvmf_protocol::log::TransportType::Rdma);
     assert!(
-        matches!(e.tsas, nvmf_protocol::log::Tsas::Rdma(r) if r.prtype == nvmf_protocol::log::RdmaProviderType::RoceV2)
+        matches!(e.tsas, nvmf_protocol::log::Tsas::Rdma(r) if r.prtype == nvmf_protocol::log::RdmaProviderType::NotSpecified)
     );
     // Partial read at an offset: the entry only.
     let mut part = vec![0u8; 1024];
@@ -1277,4 +1328,233 @@ mod fuzz {
             }
         }
     }
+}
+
+/// SGLS bit 18 is not advertised: a host buffer longer (or shorter) than what the command
+/// moves is Data SGL Length Invalid, before anything executes. A longer read buffer answered
+/// with success would go back whole, its tail as the pool buffer last held it.
+#[test]
+fn buffers_must_be_exactly_the_transfer() {
+    let mut h = Host::new(target(true));
+    let (mut aq, cntlid) = h.admin();
+    let mut q = h.io_queue(1, cntlid);
+    let sgl_length = Some(GenericStatus::DataSglLengthInvalid);
+    let mut block = vec![0x5Au8; 512];
+    assert!(
+        h.exec(&mut q, rw(0x01, 1, 0, 1), &mut block)
+            .status
+            .is_success()
+    );
+    // A read, a write and a compare of one 512 B block with 4 KiB buffers.
+    let mut stale = vec![0xAAu8; 4096];
+    for opcode in [0x02u8, 0x01, 0x05] {
+        let c = h.exec(&mut q, rw(opcode, 1, 0, 1), &mut stale);
+        assert_eq!(generic(&c), sgl_length, "opcode {opcode:#x}");
+        assert!(c.status.dnr);
+    }
+    assert!(stale.iter().all(|b| *b == 0xAA));
+    let mut back = vec![0u8; 512];
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 0, 1), &mut back)
+            .status
+            .is_success()
+    );
+    assert_eq!(back, vec![0x5A; 512], "the refused write changed the block");
+    // Flush and Write Zeroes move nothing.
+    assert_eq!(
+        generic(&h.exec(&mut q, rw(0x00, 1, 0, 1), &mut [0; 8])),
+        sgl_length
+    );
+    assert_eq!(
+        generic(&h.exec(&mut q, rw(0x08, 1, 0, 1), &mut [0; 8])),
+        sgl_length
+    );
+    // Admin: Identify is 4 KiB, a log page its NUMD, the rest move nothing.
+    let mut big = vec![0u8; 8192];
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut big)),
+        sgl_length
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, get_log(0x02, 512, 0), &mut big)),
+        sgl_length
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, get_log(0x02, 512, 0), &mut big[..508])),
+        sgl_length
+    );
+    for (what, sqe) in [
+        ("get features", admin_cmd(0x0A, 0, 0x07, 0)),
+        ("set features", admin_cmd(0x09, 0, 0x0F, 5000)),
+        ("keep alive", admin_cmd(0x18, 0, 0, 0)),
+        ("abort", admin_cmd(0x08, 0, 1, 0)),
+        ("async event request", admin_cmd(0x0C, 0, 0, 0)),
+    ] {
+        assert_eq!(
+            generic(&h.exec(&mut aq, sqe, &mut big[..64])),
+            sgl_length,
+            "{what}"
+        );
+    }
+    // The same with no data succeed (the AER stays outstanding: not sent).
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x0A, 0, 0x07, 0), &mut [])
+            .status
+            .is_success()
+    );
+    assert!(
+        h.exec(&mut aq, get_log(0x02, 512, 0), &mut big[..512])
+            .status
+            .is_success()
+    );
+    // Fabrics: a Property Get with data; a Connect with more than its 1024 bytes.
+    let prop = PropertyGetCmd {
+        cid: 0,
+        size: PropertySize::Four,
+        offset: PropertyOffset::Vs,
+    };
+    assert_eq!(
+        generic(&h.exec(&mut aq, prop.to_sqe(), &mut big[..4])),
+        sgl_length
+    );
+    let connect = ConnectCmd {
+        cid: 0,
+        recfmt: 0,
+        qid: 2,
+        sqsize: 31,
+        cattr: 0,
+        kato: 0,
+        sgl: SglDescriptor::keyed(0x1000, 1100, 0x55, true).unwrap(),
+    };
+    let mut data = ConnectData {
+        hostid: HOSTID,
+        cntlid,
+        subnqn: FixedStr::new(SUBNQN, "SUBNQN").unwrap(),
+        hostnqn: FixedStr::new(HOST, "HOSTNQN").unwrap(),
+    }
+    .to_bytes()
+    .to_vec();
+    data.resize(1100, 0);
+    let mut unbound = h.queue();
+    assert_eq!(
+        generic(&h.exec(&mut unbound, connect.to_sqe(), &mut data)),
+        sgl_length
+    );
+}
+
+/// Fused operations are not supported (FUSES = 0): either half of a pair is Invalid Field and
+/// nothing executes (run apart, the write would land whatever the compare found).
+#[test]
+fn fused_commands_are_refused() {
+    let mut h = Host::new(target(true));
+    let (mut aq, cntlid) = h.admin();
+    let mut q = h.io_queue(1, cntlid);
+    let mut block = vec![0x11u8; 512];
+    assert!(
+        h.exec(&mut q, rw(0x01, 1, 8, 1), &mut block)
+            .status
+            .is_success()
+    );
+    let mut other = vec![0x22u8; 512];
+    for (opcode, fuse) in [(0x05u8, 1u8), (0x01, 2), (0x01, 3)] {
+        let mut sqe = rw(opcode, 1, 8, 1);
+        sqe.flags |= fuse;
+        let c = h.exec(&mut q, sqe, &mut other);
+        assert_eq!(
+            generic(&c),
+            Some(GenericStatus::InvalidField),
+            "fuse {fuse}"
+        );
+        assert!(c.status.dnr);
+    }
+    let mut back = vec![0u8; 512];
+    assert!(
+        h.exec(&mut q, rw(0x02, 1, 8, 1), &mut back)
+            .status
+            .is_success()
+    );
+    assert_eq!(back, block);
+    let mut identify = admin_cmd(0x06, 0, 1, 0);
+    identify.flags |= 1;
+    assert_eq!(
+        generic(&h.exec(&mut aq, identify, &mut vec![0u8; 4096])),
+        Some(GenericStatus::InvalidField)
+    );
+    // Identify says so.
+    let mut page = vec![0u8; 4096];
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page)
+            .status
+            .is_success()
+    );
+    assert_eq!(IdentifyController::decode(&page).unwrap().fuses, 0);
+}
+
+/// Volatile Write Cache off (Set Features 06h): every write asks the device for forced unit
+/// access until it is on again.
+#[test]
+fn write_cache_off_makes_every_write_durable() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let gate = Arc::new(crate::bdev::gate::GateBdev::new(
+        "g0",
+        1 << 12,
+        Arc::new(AtomicBool::new(true)),
+    ));
+    let fua = gate.fua_writes.clone();
+    let t = target_with(vec![("g0", gate)]);
+    let mut h = Host::new(t);
+    let (mut aq, cntlid) = h.admin();
+    let mut q = h.io_queue(1, cntlid);
+    let mut block = vec![0u8; 512];
+    let mut write = |h: &mut Host, q: &mut Queue, flags: u32| {
+        let mut sqe = rw(0x01, 1, 0, 1);
+        sqe.cdw12 |= flags;
+        assert!(h.exec(q, sqe, &mut block).status.is_success());
+        fua.load(Ordering::Acquire)
+    };
+    assert_eq!(write(&mut h, &mut q, 0), 0);
+    let vwc = |h: &mut Host, aq: &mut Queue| h.exec(aq, admin_cmd(0x0A, 0, 0x06, 0), &mut []).dw0;
+    assert_eq!(vwc(&mut h, &mut aq), 1);
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x09, 0, 0x06, 0), &mut [])
+            .status
+            .is_success()
+    );
+    assert_eq!(vwc(&mut h, &mut aq), 0);
+    assert_eq!(write(&mut h, &mut q, 0), 1);
+    assert_eq!(write(&mut h, &mut q, 0), 2);
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x09, 0, 0x06, 1), &mut [])
+            .status
+            .is_success()
+    );
+    assert_eq!(vwc(&mut h, &mut aq), 1);
+    assert_eq!(write(&mut h, &mut q, 0), 2);
+    // FUA asked by the host, cache on.
+    assert_eq!(write(&mut h, &mut q, 1 << 30), 3);
+}
+
+/// The mandatory Firmware Slot Information log: slot 1 active, holding Identify's FR.
+#[test]
+fn firmware_slot_log() {
+    let mut h = Host::new(target(true));
+    let (mut aq, _) = h.admin();
+    let mut page = vec![0u8; 4096];
+    assert!(
+        h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page)
+            .status
+            .is_success()
+    );
+    let id = IdentifyController::decode(&page).unwrap();
+    assert_eq!(id.frmw, 0x03, "one slot, read only");
+    let mut log = vec![0xEEu8; 512];
+    assert!(
+        h.exec(&mut aq, get_log(0x03, 512, 0), &mut log)
+            .status
+            .is_success()
+    );
+    assert_eq!(log[0], 1);
+    let fr = id.fr.as_str();
+    assert_eq!(std::str::from_utf8(&log[8..16]).unwrap().trim_end(), fr);
+    assert!(log[16..].iter().all(|b| *b == 0) && log[1..8].iter().all(|b| *b == 0));
 }

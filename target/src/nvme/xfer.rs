@@ -144,8 +144,10 @@ pub fn plan(
             }
             let start =
                 usize::try_from(offset).map_err(|_| generic(GenericStatus::SglOffsetInvalid))?;
-            let bytes = in_capsule
-                .get(start..start + length as usize)
+            // Checked: the offset is the host's, up to 2^64 - 1.
+            let bytes = start
+                .checked_add(length as usize)
+                .and_then(|end| in_capsule.get(start..end))
                 .ok_or(generic(GenericStatus::SglOffsetInvalid))?;
             for (slot, d) in list.iter_mut().zip(SglDescriptor::list(bytes)) {
                 let d = d.map_err(|_| generic(GenericStatus::SglDescriptorTypeInvalid))?;
@@ -263,6 +265,15 @@ mod tests {
         assert_eq!(
             plan_of(&write_with(too_many), &[0u8; 17 * 16], &l).unwrap_err(),
             generic(GenericStatus::InvalidSglDescriptorCount)
+        );
+        // A descriptor list said to lie at the top of the address space: no overflow.
+        let wrapping = SglDescriptor::LastSegmentOffset {
+            offset: u64::MAX - 8,
+            length: 16,
+        };
+        assert_eq!(
+            plan_of(&write_with(wrapping), &list, &l).unwrap_err(),
+            generic(GenericStatus::SglOffsetInvalid)
         );
         let mut bad = list;
         bad[15] = 0x00; // a data block, not keyed

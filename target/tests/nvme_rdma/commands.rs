@@ -23,7 +23,7 @@ fn admin_cmd(opcode: u8, nsid: u32, cdw10: u32, cdw11: u32) -> Sqe {
     s
 }
 
-fn generic(c: &Cqe) -> Option<GenericStatus> {
+pub(crate) fn generic(c: &Cqe) -> Option<GenericStatus> {
     match c.status.code {
         StatusCode::Generic(g) => Some(g),
         _ => None,

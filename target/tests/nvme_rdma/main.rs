@@ -1021,6 +1021,67 @@ fn null_reads_never_see_stale_data(fabric: SoftFabric) {
     drop(admin);
 }
 
+/// A host buffer longer than what its command moves is refused (SGLS bit 18 clear) and the
+/// target writes none of it: answered with success, the whole buffer would have gone back, its
+/// tail as the one pool buffer last held it (here a 4 KiB read of another pattern).
+fn oversized_buffers_get_nothing(fabric: SoftFabric) {
+    use commands::generic;
+    let rig = Rig::with_group(fabric, |g| g.data_buffers = 1);
+    let (mut admin, _, mut io) = rig.controller();
+    let secret = pattern(0x3C, 4096);
+    io.write_data(0, &secret);
+    assert!(
+        io.exec(rw(0x01, 0, 8, io.keyed(0, 4096)), &[])
+            .unwrap()
+            .status
+            .is_success()
+    );
+    // The pool's one buffer now holds the pattern.
+    assert!(
+        io.exec(rw(0x02, 0, 8, io.keyed(8192, 4096)), &[])
+            .unwrap()
+            .status
+            .is_success()
+    );
+    assert!(io.read_data(8192, 4096) == secret);
+    let untouched = vec![0xEEu8; 4096];
+    io.write_data(16384, &untouched);
+    let c = io.exec(rw(0x02, 0, 1, io.keyed(16384, 4096)), &[]).unwrap();
+    assert_eq!(
+        generic(&c),
+        Some(GenericStatus::DataSglLengthInvalid),
+        "{c:?}"
+    );
+    assert!(
+        io.read_data(16384, 4096) == untouched,
+        "a 512 B read wrote the host"
+    );
+    // Admin commands through the same kind of buffer: one that moves nothing, a log page of
+    // 512 bytes.
+    admin.write_data(16384, &untouched);
+    let mut get_features = Sqe::new(0x0A, 0, 0);
+    get_features.cdw10 = 0x07;
+    get_features.set_sgl1(admin.keyed(16384, 4096));
+    let mut smart = Sqe::new(0x02, 0, 0xFFFF_FFFF);
+    smart.cdw10 = 0x02 | (127 << 16);
+    smart.set_sgl1(admin.keyed(16384, 4096));
+    for sqe in [get_features, smart] {
+        let c = admin.exec(sqe, &[]).unwrap();
+        assert_eq!(
+            generic(&c),
+            Some(GenericStatus::DataSglLengthInvalid),
+            "{c:?}"
+        );
+        assert!(
+            admin.read_data(16384, 4096) == untouched,
+            "opcode {:#x}",
+            sqe.opcode
+        );
+    }
+    drop(io);
+    drop(admin);
+}
+
 /// A host slow to take an answer (no receive posted: the target's SEND meets RNR and retries for
 /// ever) holds only that answer: a write's data buffers go back when its response is posted, so
 /// other commands of the group do not wait for them meanwhile.
@@ -1084,6 +1145,7 @@ on_both_fabrics! {
     completions_inproc, completions_tcp => completions_counted;
     silent_counted_inproc, silent_counted_tcp => silent_responses_counted;
     null_zeroes_inproc, null_zeroes_tcp => null_reads_never_see_stale_data;
+    oversized_inproc, oversized_tcp => oversized_buffers_get_nothing;
     held_answer_inproc, held_answer_tcp => held_answer_holds_no_buffers;
     in_capsule_held_inproc, in_capsule_held_tcp => in_capsule::held_in_place;
     in_capsule_gone_inproc, in_capsule_gone_tcp => in_capsule::qpair_gone_while_held;
