@@ -15,7 +15,7 @@ use nvmf_protocol::fabrics::{
     CNTLID_DYNAMIC, CONNECT_DATA_SIZE, ConnectCmd, ConnectData, ConnectInvalidParameter,
     ConnectResponse,
 };
-use nvmf_protocol::sqe::Fuse;
+use nvmf_protocol::sqe::{Fuse, Psdt};
 use nvmf_protocol::{Cqe, DISCOVERY_NQN, FabricsType, Sqe, Status};
 
 use crate::bdev::{BlockRange, IoBuf};
@@ -184,8 +184,12 @@ impl Queue {
         }
         let exec = match self.state.clone() {
             // Fused operations are not supported (FUSES = 0): run apart, a fused Compare and
-            // Write would write even when the compare failed.
-            _ if sqe.fuse() != Fuse::Normal => Exec::Done(self.error(sqe, INVALID_FIELD)),
+            // Write would write even when the compare failed. PSDT must say SGL with a
+            // contiguous metadata buffer (01b), the only form NVMe over Fabrics defines (as
+            // nvmet checks; Linux and SPDK hosts set it on every command).
+            _ if sqe.fuse() != Fuse::Normal || sqe.psdt() != Psdt::SglContiguousMeta => {
+                Exec::Done(self.error(sqe, INVALID_FIELD))
+            }
             QueueState::Unbound => {
                 if sqe.is_fabrics() && sqe.fctype() == FabricsType::Connect {
                     self.connect(sqe, data, now())

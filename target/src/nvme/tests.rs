@@ -1443,9 +1443,10 @@ fn buffers_must_be_exactly_the_transfer() {
 }
 
 /// Fused operations are not supported (FUSES = 0): either half of a pair is Invalid Field and
-/// nothing executes (run apart, the write would land whatever the compare found).
+/// nothing executes (run apart, the write would land whatever the compare found). So is any
+/// PSDT but 01b (SGLs, contiguous metadata), the one fabrics defines.
 #[test]
-fn fused_commands_are_refused() {
+fn fused_commands_and_other_data_pointers_are_refused() {
     let mut h = Host::new(target(true));
     let (mut aq, cntlid) = h.admin();
     let mut q = h.io_queue(1, cntlid);
@@ -1456,14 +1457,23 @@ fn fused_commands_are_refused() {
             .is_success()
     );
     let mut other = vec![0x22u8; 512];
-    for (opcode, fuse) in [(0x05u8, 1u8), (0x01, 2), (0x01, 3)] {
+    // FUSE 1, 2 and 3; PSDT 00b (PRPs), 10b and 11b with FUSE 0.
+    let cases = [
+        (0x05u8, 0x41u8),
+        (0x01, 0x42),
+        (0x01, 0x43),
+        (0x01, 0x00),
+        (0x01, 0x80),
+        (0x01, 0xC0),
+    ];
+    for (opcode, flags) in cases {
         let mut sqe = rw(opcode, 1, 8, 1);
-        sqe.flags |= fuse;
+        sqe.flags = flags;
         let c = h.exec(&mut q, sqe, &mut other);
         assert_eq!(
             generic(&c),
             Some(GenericStatus::InvalidField),
-            "fuse {fuse}"
+            "flags {flags:#x}"
         );
         assert!(c.status.dnr);
     }

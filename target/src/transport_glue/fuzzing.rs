@@ -1024,6 +1024,7 @@ mod tests {
             let keep_alive = Sqe {
                 opcode: 0x18,
                 cid: 0x4242,
+                flags: nvmf_protocol::sqe::FLAGS_PSDT_SGL,
                 ..Sqe::default()
             };
             queue.send_raw(&keep_alive.to_bytes(), true, None);

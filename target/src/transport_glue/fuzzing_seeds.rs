@@ -7,6 +7,7 @@
 //! to what this module builds (`NVMF_WRITE_SEEDS=1` rewrites them). Each must keep the rules.
 
 use nvmf_protocol::Sqe;
+use nvmf_protocol::sqe::FLAGS_PSDT_SGL;
 
 use super::{
     FLAG_0, FLAG_1, FLAG_2, OP_CAPSULE, OP_CONNECT, OP_DISCONNECT, OP_EXPIRE, OP_SETTLE, OP_SHORT,
@@ -44,6 +45,7 @@ pub(super) fn io(opcode: u8, cid: u16, nsid: u32, lba: u64, blocks: u16, bytes: 
         cdw10: lba as u32,
         cdw11: (lba >> 32) as u32,
         cdw12: u32::from(blocks - 1),
+        flags: FLAGS_PSDT_SGL,
         ..Sqe::default()
     };
     sqe.dptr[8..11].copy_from_slice(&bytes.to_le_bytes()[..3]);
@@ -58,6 +60,7 @@ fn admin(opcode: u8, cid: u16, nsid: u32, cdw10: u32, cdw11: u32, bytes: u32) ->
         nsid,
         cdw10,
         cdw11,
+        flags: FLAGS_PSDT_SGL,
         ..Sqe::default()
     };
     sqe.dptr[8..11].copy_from_slice(&bytes.to_le_bytes()[..3]);
@@ -69,6 +72,7 @@ fn fabrics(cid: u16, fctype: u8) -> Sqe {
         opcode: FABRICS,
         cid,
         nsid: u32::from(fctype),
+        flags: FLAGS_PSDT_SGL,
         ..Sqe::default()
     }
 }
