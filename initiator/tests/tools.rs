@@ -181,6 +181,43 @@ fn nvmf_read_writes_stdout_and_compare_sets_the_exit_code() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Ranges past the namespace are refused before anything is allocated or sent, including
+/// ones whose byte offset or length does not fit 64 bits (unchecked, 2^55 blocks of 512 bytes
+/// wrapped to byte 0: the write landed on LBA 0).
+#[test]
+fn nvmf_read_and_write_refuse_ranges_past_the_namespace() {
+    let lo = ["--transport", "loopback"];
+    let dir = std::env::temp_dir().join(format!("nvmf-cli-range-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("data");
+    std::fs::write(&data, [7u8; 512]).unwrap();
+    let data = data.to_str().unwrap();
+    for (args, says) in [
+        (
+            &["write", "-s", "36028797018963968", "-c", "1", "-d", data][..],
+            "blocks 36028797018963968+1 of 512 bytes end past namespace 1",
+        ),
+        (
+            &["read", "-s", "0", "-c", "36028797018963968"][..],
+            "blocks 0+36028797018963968 of 512 bytes end past namespace 1",
+        ),
+        (
+            &["read", "-s", "0", "-c", "1000000000000"][..],
+            "blocks 0+1000000000000 of 512 bytes end past namespace 1",
+        ),
+        (
+            &["compare", "-s", "131072", "-c", "1", "-d", data][..],
+            "blocks 131072+1 of 512 bytes end past namespace 1",
+        ),
+    ] {
+        let (code, out, err) = run(NVMF, &[&lo[..], args].concat());
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn nvmf_block_range_commands_report_success_and_refuse_what_cannot_be_sent() {
     let lo = ["--transport", "loopback"];

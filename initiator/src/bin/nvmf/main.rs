@@ -171,6 +171,27 @@ struct Blocks {
     block_count: u64,
 }
 
+impl Blocks {
+    /// The byte offset and length of these blocks of `block_size` bytes, checked against a
+    /// namespace of `size` bytes before any buffer is allocated (the arguments are the user's:
+    /// unchecked, a start past 2^64 bytes wrapped to LBA 0).
+    fn bytes(&self, block_size: u64, size: u64) -> anyhow::Result<(u64, usize)> {
+        let offset = self.start_block.checked_mul(block_size);
+        let len = self.block_count.checked_mul(block_size);
+        match (offset, len) {
+            (Some(offset), Some(len)) if offset.checked_add(len).is_some_and(|end| end <= size) => {
+                Ok((offset, usize::try_from(len)?))
+            }
+            _ => bail!(
+                "blocks {}+{} of {block_size} bytes end past namespace {} ({size} bytes)",
+                self.start_block,
+                self.block_count,
+                self.nsid
+            ),
+        }
+    }
+}
+
 fn parse_u32(s: &str) -> Result<u32, String> {
     let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u32::from_str_radix(h, 16),
@@ -312,12 +333,11 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
         Command::Read(r) | Command::Write(r) | Command::Compare(r) => {
             let (data_file, r) = (&r.data, &r.blocks);
             let mut dev = BlockDevice::new(c, r.nsid)?;
-            let bs = u64::from(dev.block_size());
-            let len = usize::try_from(r.block_count * bs).context("range too large")?;
+            let (offset, len) = r.bytes(u64::from(dev.block_size()), dev.size())?;
             match &args.command {
                 Command::Read(_) => {
                     let mut buf = vec![0u8; len];
-                    dev.read_at(r.start_block * bs, &mut buf)?;
+                    dev.read_at(offset, &mut buf)?;
                     match data_file {
                         Some(p) => std::fs::write(p, &buf)
                             .with_context(|| format!("write {}", p.display()))?,
@@ -334,7 +354,7 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
                         );
                     }
                     data.resize(len, 0);
-                    dev.write_at(r.start_block * bs, &data)?;
+                    dev.write_at(offset, &data)?;
                     dev.flush()?;
                 }
                 _ => {
