@@ -42,6 +42,12 @@ pub struct Progress {
     pub ios: AtomicU64,
     /// Bytes moved.
     pub bytes: AtomicU64,
+    /// One more than the newest generation of I/O queues (0 at the start, one more at each
+    /// reconnect's hand-over) a job found lost: a queue can be lost on its own (an I/O
+    /// timeout, an answer the host cannot accept) while the admin queue lives, and the
+    /// control thread, which sees only the admin queue, then loses the whole connection so
+    /// the controller reconnects (or fails) by its policy, as the Linux host resets it.
+    pub lost_queue_generation: AtomicU64,
 }
 
 /// One job.
@@ -61,6 +67,8 @@ pub struct Job<Q: HostQueue> {
     /// the queue depth, not a per-unit table on big disks).
     in_flight: InFlightUnits,
     next_generation: u64,
+    /// Queues this job was handed after reconnects (see [`Progress::lost_queue_generation`]).
+    queue_generation: u64,
     stopping: bool,
     result: JobResult,
     progress: Arc<Progress>,
@@ -139,6 +147,7 @@ impl<Q: HostQueue> Job<Q> {
             first_lba,
             blocks_per_io,
             next_generation: 0,
+            queue_generation: 0,
             stopping: false,
             progress,
         })
@@ -192,6 +201,7 @@ impl<Q: HostQueue> Job<Q> {
         self.in_flight = InFlightUnits::new(depth);
         self.generations.fill(0);
         self.queue = queue;
+        self.queue_generation += 1;
     }
 
     /// Give the results (and the queue) back.
@@ -231,6 +241,10 @@ impl<Q: HostQueue> Job<Q> {
             self.submit_some();
             // On the wire now, not at the next poll.
             self.queue.end_batch();
+        } else if !self.queue.is_connected() {
+            self.progress
+                .lost_queue_generation
+                .fetch_max(self.queue_generation + 1, Ordering::Relaxed);
         }
     }
 

@@ -185,6 +185,8 @@ where
     let deadline = start + cfg.duration;
     let mut last = (start, 0u64, 0u64);
     let mut reconnects = controller.reconnects();
+    // Hand-overs of fresh queues so far: the jobs' queue generation.
+    let mut handed = 0u64;
     let mut ios_at_reconnect = None;
     let mut failed = None;
     loop {
@@ -202,9 +204,17 @@ where
             ControllerState::Live if controller.reconnects() > reconnects => {
                 reconnects = controller.reconnects();
                 hand_fresh_queues(controller, &runtime, &ids, jobs)?;
+                handed += 1;
                 ios_at_reconnect = Some(progress.ios.load(Ordering::Relaxed));
             }
             _ => {}
+        }
+        // A queue of the current generation lost while the controller looks live (a loss
+        // noticed by a job before a reconnect names an older generation by then).
+        if progress.lost_queue_generation.load(Ordering::Relaxed) > handed
+            && *controller.state() == ControllerState::Live
+        {
+            controller.connection_lost("an I/O queue was lost");
         }
         if let Some(every) = cfg.progress_every {
             let now = Instant::now();

@@ -357,6 +357,54 @@ fn a_run_goes_on_over_fresh_queues_after_a_reconnect() {
     assert!(report.passed(), "{}", report.to_text());
 }
 
+/// One I/O queue lost on its own (a command of it never answered: the I/O timeout fails that
+/// queue) while the admin queue lives: the whole controller reconnects, as the Linux host
+/// resets it, and the run goes on over fresh queues; without a reconnect policy the run fails.
+/// (Unnoticed, the job waited for a queue that never came and the run passed.)
+#[test]
+fn a_queue_lost_alone_reconnects_the_controller() {
+    let two_queues = RunConfig {
+        qpairs_per_namespace: 2,
+        ..one_queue_run(Duration::from_millis(1500))
+    };
+    for policy in [reconnect_at_once(), ReconnectPolicy::never()] {
+        let (target, c, clock) = attach(one_namespace(2048), |o| {
+            o.io_queues = 2;
+            o.io_timeout = Duration::from_millis(200);
+            o.reconnect = policy;
+        });
+        let mut c = c.unwrap();
+        target.swallow_next(1);
+        // The controller's clock is virtual: it moves 10 ms per 5 ms of the run.
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ticker = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(5));
+                    clock.advance(Duration::from_millis(10));
+                }
+            })
+        };
+        let outcome = run(&mut c, &two_queues, |_| {});
+        done.store(true, std::sync::atomic::Ordering::Release);
+        ticker.join().unwrap();
+        match outcome {
+            Ok(report) => {
+                assert_eq!(policy, reconnect_at_once());
+                assert_eq!(report.reconnects, 1, "{}", report.to_text());
+                assert!(report.ios_after_reconnect > 0, "{}", report.to_text());
+                assert!(report.connected_at_end);
+            }
+            Err(crate::Error::ControllerFailed(why)) => {
+                assert_eq!(policy, ReconnectPolicy::never());
+                assert!(why.contains("reconnect disabled"), "{why}")
+            }
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+}
+
 #[test]
 fn a_reconnect_to_shallower_queues_goes_on_at_their_depth_and_says_so() {
     let (target, c, _) = attach(one_namespace(2048), |o| {
