@@ -115,8 +115,10 @@ pub struct State {
     pub changed_ns: Vec<u32>,
     /// More than [`CHANGED_NS_MAX`] changed.
     pub changed_overflow: bool,
-    /// Counters of this controller's queues.
+    /// Counters of this controller's open queues.
     pub counters: Vec<Arc<IoCounters>>,
+    /// What the closed I/O queues counted (nothing in flight).
+    pub closed_queues: IoSnapshot,
     /// Most recent errors, newest first.
     pub errors: VecDeque<ErrorLogEntry>,
     /// Errors ever logged.
@@ -166,6 +168,7 @@ impl Controller {
                 changed_ns: Vec::new(),
                 changed_overflow: false,
                 counters: Vec::new(),
+                closed_queues: IoSnapshot::default(),
                 errors: VecDeque::new(),
                 error_count: 0,
                 shutdown_flushes: 0,
@@ -224,11 +227,20 @@ impl Controller {
         self.write_cache.store(enabled, Ordering::Relaxed);
     }
 
-    /// I/O queue `qid` closed: its id is free again; the last one to close after a reset
-    /// completes the reset (CSTS.RDY = 0).
-    pub fn io_queue_closed(&self, qid: u16) {
+    /// I/O queue `qid`, counting into `counters`, closed: its id is free again; the last one to
+    /// close after a reset completes the reset (CSTS.RDY = 0). Its counters go into the closed
+    /// queues' total: kept per queue, a host connecting and disconnecting I/O queues in a loop
+    /// grew the list (and its reactor's table, which keeps what the controller holds) for the
+    /// controller's life.
+    pub fn io_queue_closed(&self, qid: u16, counters: &Arc<IoCounters>) {
         let mut s = self.state();
         s.io_qids.retain(|q| *q != qid);
+        if let Some(i) = s.counters.iter().position(|c| Arc::ptr_eq(c, counters)) {
+            let mut gone = s.counters.swap_remove(i).snapshot();
+            // What it had in flight ends with it (its reactor still counts the completions).
+            gone.in_flight = 0;
+            s.closed_queues += gone;
+        }
         // Aborts its reactor had not taken yet: nothing of that queue is left to abort.
         let mut answered = false;
         let mut i = 0;
@@ -250,10 +262,14 @@ impl Controller {
         }
     }
 
-    /// The keep-alive timer expired at `now` (KATO 0 never expires).
+    /// The keep-alive timer expired at `now` (KATO 0 never expires). The timer stops once the
+    /// host has notified a shutdown (CC.SHN): from then on a host sends no Keep Alive (Linux
+    /// does not), and a shutdown flush longer than what was left of KATO must not cost the
+    /// host its controller while it waits for CSTS.SHST (as SPDK stops its timer there).
     pub fn expired(&self, now: Instant) -> bool {
         let s = self.state();
         s.kato_ms != 0
+            && s.cc.shn == ShutdownNotification::None
             && now.saturating_duration_since(s.last_keep_alive)
                 > Duration::from_millis(u64::from(s.kato_ms))
     }
@@ -268,10 +284,11 @@ impl Controller {
         self.state().counters.push(c);
     }
 
-    /// Sum of the queues' counters.
+    /// Sum of the queues' counters, closed queues' included.
     pub fn io_totals(&self) -> IoSnapshot {
-        let mut sum = IoSnapshot::default();
-        for c in &self.state().counters {
+        let s = self.state();
+        let mut sum = s.closed_queues;
+        for c in &s.counters {
             sum += c.snapshot();
         }
         sum

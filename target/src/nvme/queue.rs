@@ -525,7 +525,7 @@ impl Queue {
                 self.target
                     .remove_controller(controller.cntlid, "admin queue disconnected");
             } else {
-                controller.io_queue_closed(qid);
+                controller.io_queue_closed(qid, &self.counters);
             }
         }
     }

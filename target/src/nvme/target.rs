@@ -25,6 +25,8 @@ use super::subsystem::{Namespace, NamespaceError, Subsystem};
 
 /// Controller ids handed out: 1..=0xFFEF (0xFFF0 and up are reserved, 0xFFFF means "any").
 const CNTLID_MAX: u16 = 0xFFEF;
+/// Keep Alive Timeout of a discovery controller connected with KATO 0.
+pub const DISCOVERY_KATO_MS: u32 = 120_000;
 
 /// What the transport and the configuration allow; fixed at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,6 +292,15 @@ impl Target {
         kato_ms: u32,
         now: Instant,
     ) -> Option<Arc<Controller>> {
+        // A discovery controller connected with KATO 0 (a non-persistent `nvme discover`)
+        // still goes after two minutes without a Keep Alive, as in nvmet and SPDK (NVMe-oF
+        // 1.1 allows a transport's fixed activity timeout): a host that died holding one
+        // would leak it, an idle RC connection telling nobody.
+        let kato_ms = if subsystem.is_none() && kato_ms == 0 {
+            DISCOVERY_KATO_MS
+        } else {
+            kato_ms
+        };
         let mut ctrls = lock(&self.controllers);
         let mut next = lock(&self.next_cntlid);
         for _ in 0..CNTLID_MAX {

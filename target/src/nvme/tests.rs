@@ -139,13 +139,26 @@ impl Host {
         subnqn: &str,
         hostnqn: &str,
     ) -> Cqe {
+        self.connect_kato(q, (qid, sqsize, cntlid), subnqn, hostnqn, 15_000)
+    }
+
+    /// Connect with a Keep Alive Timeout of `kato` ms; `at` is (QID, SQSIZE, CNTLID).
+    fn connect_kato(
+        &mut self,
+        q: &mut Queue,
+        at: (u16, u16, u16),
+        subnqn: &str,
+        hostnqn: &str,
+        kato: u32,
+    ) -> Cqe {
+        let (qid, sqsize, cntlid) = at;
         let cmd = ConnectCmd {
             cid: 0,
             recfmt: 0,
             qid,
             sqsize,
             cattr: 0,
-            kato: 15_000,
+            kato,
             sgl: SglDescriptor::keyed(0x1000, 1024, 0x55, true).unwrap(),
         };
         let mut data = ConnectData {
@@ -1567,4 +1580,90 @@ fn firmware_slot_log() {
     let fr = id.fr.as_str();
     assert_eq!(std::str::from_utf8(&log[8..16]).unwrap().trim_end(), fr);
     assert!(log[16..].iter().all(|b| *b == 0) && log[1..8].iter().all(|b| *b == 0));
+}
+
+/// Once the host has notified a shutdown (CC.SHN) it sends no Keep Alive: the timer stops, so
+/// a shutdown flush longer than what was left of KATO does not cost it the controller.
+#[test]
+fn keep_alive_stops_once_shutdown_is_notified() {
+    let mut h = Host::new(target(true));
+    let (mut aq, cntlid) = h.admin();
+    let t0 = h.now;
+    let shutdown = Cc {
+        shn: ShutdownNotification::Normal,
+        ..Cc::enabled_nvm()
+    };
+    assert!(
+        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(shutdown.to_u32()))
+            .status
+            .is_success()
+    );
+    assert!(
+        h.target
+            .reap_expired(t0 + Duration::from_secs(60))
+            .is_empty()
+    );
+    assert!(h.target.controller(cntlid).is_some());
+}
+
+/// A discovery controller connected with KATO 0 (a non-persistent `nvme discover`) still
+/// goes after two minutes without a Keep Alive, as nvmet's and SPDK's: a host that died
+/// holding it would otherwise leak it for ever.
+#[test]
+fn a_discovery_controller_without_kato_goes_after_two_minutes() {
+    let mut h = Host::new(target(true));
+    let mut q = h.queue();
+    let t0 = h.now;
+    let c = h.connect_kato(
+        &mut q,
+        (0, 31, CNTLID_DYNAMIC),
+        nvmf_protocol::DISCOVERY_NQN,
+        HOST,
+        0,
+    );
+    assert!(c.status.is_success(), "{c:?}");
+    let cntlid = c.dw0 as u16;
+    assert!(
+        h.target
+            .reap_expired(t0 + Duration::from_secs(119))
+            .is_empty()
+    );
+    assert_eq!(
+        h.target.reap_expired(t0 + Duration::from_secs(121)),
+        vec![cntlid]
+    );
+    // An I/O controller with KATO 0 never expires.
+    let mut q = h.queue();
+    let c = h.connect_kato(&mut q, (0, 31, CNTLID_DYNAMIC), SUBNQN, HOST, 0);
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(
+        h.target
+            .reap_expired(t0 + Duration::from_secs(100_000))
+            .is_empty()
+    );
+}
+
+/// A host connecting and closing I/O queues in a loop: the controller keeps the counters of its
+/// open queues only, and its totals (SMART) still count what the closed ones did.
+#[test]
+fn closed_queues_leave_their_counts_not_their_counters() {
+    let mut h = Host::new(target(true));
+    let (aq, cntlid) = h.admin();
+    let mut block = vec![9u8; 512];
+    for lba in 0..50 {
+        let mut q = h.io_queue(1, cntlid);
+        assert!(
+            h.exec(&mut q, rw(0x01, 1, lba, 1), &mut block)
+                .status
+                .is_success()
+        );
+        drop(q);
+    }
+    let c = aq.controller().unwrap();
+    assert_eq!(c.state().counters.len(), 1, "the admin queue's only");
+    let totals = c.io_totals();
+    assert_eq!(
+        (totals.writes, totals.bytes_written, totals.in_flight),
+        (50, 50 * 512, 0)
+    );
 }
