@@ -7,7 +7,7 @@
 //! and the answer is picked up by whichever later call polls the queue.
 
 use std::ops::Range;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nvmf_protocol::sqe::FABRICS_OPCODE;
 use nvmf_protocol::{Cqe, SglDescriptor, Sqe, StatusContext};
@@ -60,7 +60,8 @@ pub struct AdminQueue<Q: HostQueue> {
     clock: SharedClock,
     timeout: Duration,
     finished: Vec<Option<Cqe>>,
-    keep_alive_in_flight: bool,
+    /// When the Keep Alive still unanswered was sent.
+    keep_alive_sent: Option<Instant>,
     keep_alive_error: Option<Error>,
     stats: AdminStats,
     broken: Option<String>,
@@ -92,7 +93,7 @@ impl<Q: HostQueue> AdminQueue<Q> {
             clock,
             timeout,
             finished: vec![None; depth],
-            keep_alive_in_flight: false,
+            keep_alive_sent: None,
             keep_alive_error: None,
             stats: AdminStats::default(),
             broken: None,
@@ -130,7 +131,7 @@ impl<Q: HostQueue> AdminQueue<Q> {
             self.broken = Some(why);
         }
         self.cids.drain(|_, _| {});
-        self.keep_alive_in_flight = false;
+        self.keep_alive_sent = None;
     }
 
     fn lost(&self) -> Error {
@@ -160,7 +161,7 @@ impl<Q: HostQueue> AdminQueue<Q> {
                     payload: Purpose::KeepAlive,
                     ..
                 } => {
-                    self.keep_alive_in_flight = false;
+                    self.keep_alive_sent = None;
                     self.stats.keep_alives_answered += 1;
                     if !cqe.status.is_success() {
                         self.keep_alive_error = Some(Error::Nvme {
@@ -183,19 +184,24 @@ impl<Q: HostQueue> AdminQueue<Q> {
         Ok(n)
     }
 
-    /// Submit a Keep Alive without waiting. Errors if the previous one is still unanswered
-    /// (the controller missed a whole keep-alive interval: treat the connection as dead).
-    pub fn send_keep_alive(&mut self) -> Result<()> {
+    /// Submit a Keep Alive without waiting. With the previous one still unanswered, none is
+    /// sent; it errors once that one has waited `answer_within` (the Keep Alive Timeout, as
+    /// the Linux host gives its keep-alive request: by then the controller has given the
+    /// association up itself), and the connection is treated as dead.
+    pub fn send_keep_alive(&mut self, answer_within: Duration) -> Result<()> {
         self.poll()?;
         if let Some(e) = self.keep_alive_error.take() {
             return Err(e);
         }
-        if self.keep_alive_in_flight {
+        if let Some(sent) = self.keep_alive_sent {
+            if self.clock.now().saturating_duration_since(sent) < answer_within {
+                return Ok(());
+            }
             self.queue.disconnect();
-            self.mark_broken("keep alive unanswered for a whole interval".into());
+            self.mark_broken(format!("keep alive unanswered for {answer_within:?}"));
             return Err(Error::Timeout {
                 what: "Keep Alive",
-                after: self.timeout,
+                after: answer_within,
             });
         }
         let (_, cid) = self
@@ -209,7 +215,7 @@ impl<Q: HostQueue> AdminQueue<Q> {
             self.mark_broken(e.to_string());
             return Err(self.lost());
         }
-        self.keep_alive_in_flight = true;
+        self.keep_alive_sent = Some(self.clock.now());
         Ok(())
     }
 

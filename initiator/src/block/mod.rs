@@ -39,6 +39,8 @@ enum Direction {
 }
 
 /// Optional NVM Command Support bits (Identify Controller ONCS).
+/// Queue polls of an operation between two polls of the controller (its keep-alive).
+const POLLS_PER_CONTROLLER_POLL: u32 = 256;
 const ONCS_DSM: u16 = 1 << 2;
 const ONCS_WRITE_ZEROES: u16 = 1 << 3;
 
@@ -132,16 +134,24 @@ impl<F: Fabric> BlockDevice<F> {
     ) -> Result<()> {
         let ns = self.ns()?;
         let index = self.queue_index;
-        let queue = self.controller.io_queue_mut(index)?;
         // Write Zeroes moves no data, but a target may cap it (WZSL, which SPDK enforces): like
         // the Linux host without that field, it is split as a transfer would be.
-        let chunk =
-            (queue.limits().max_transfer as u64 / u64::from(ns.block_size)).clamp(1, 0x1_0000);
+        let chunk = (self.controller.io_queue_mut(index)?.limits().max_transfer as u64
+            / u64::from(ns.block_size))
+        .clamp(1, 0x1_0000);
         let end = lba + blocks;
         let mut next = lba;
         let mut outstanding = 0usize;
         let mut first_error: Option<Error> = None;
+        let mut polls = 0u32;
         while (next < end && first_error.is_none()) || outstanding > 0 {
+            polls += 1;
+            if polls % POLLS_PER_CONTROLLER_POLL == 0 {
+                // A long operation (a big range, a slow target) keeps the association alive:
+                // the controller's poll sends the Keep Alive when it is due.
+                self.controller.poll();
+            }
+            let queue = self.controller.io_queue_mut(index)?;
             while next < end && first_error.is_none() {
                 let n = chunk.min(end - next) as u32;
                 let at = next;

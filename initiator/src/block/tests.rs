@@ -145,6 +145,37 @@ fn using_the_device_sends_keep_alives() {
     assert_eq!(target.stats().keep_alives, 1);
 }
 
+/// An operation that waits long (here a read the target never answers) still sends the
+/// Keep Alives the association needs: the controller is polled from inside the wait.
+#[test]
+fn a_long_operation_keeps_the_association_alive() {
+    let (target, c, clock) = attach(LoopbackConfig::default(), |o| {
+        o.kato = Duration::from_secs(4);
+        o.io_timeout = Duration::from_secs(3600);
+        o.reconnect = ReconnectPolicy::never();
+    });
+    let mut dev = BlockDevice::new(c.unwrap(), 1).unwrap();
+    target.swallow_next(1);
+    let seen = std::thread::scope(|s| {
+        // Virtual time runs on while the read waits; the connection drops once two Keep
+        // Alives went out (or after 5 s), which ends the read.
+        let ticker = s.spawn(|| {
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while target.stats().keep_alives < 2 && std::time::Instant::now() < until {
+                clock.advance(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let seen = target.stats().keep_alives;
+            target.drop_connections();
+            seen
+        });
+        let mut buf = [0u8; 512];
+        assert!(dev.read_at(0, &mut buf).is_err());
+        ticker.join().unwrap()
+    });
+    assert!(seen >= 2, "{seen} Keep Alives while the read waited");
+}
+
 #[test]
 fn flushed_data_reads_back_after_the_target_restarts() {
     let policy = ReconnectPolicy {

@@ -309,7 +309,7 @@ impl<F: Fabric> Controller<F> {
         if result.is_ok() {
             if let (Some(every), Some(next)) = (self.keep_alive_every, self.next_keep_alive) {
                 if now >= next {
-                    result = admin.send_keep_alive();
+                    result = admin.send_keep_alive(self.options.kato);
                     self.next_keep_alive = Some(now + every);
                 }
             }

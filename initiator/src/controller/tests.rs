@@ -192,12 +192,19 @@ fn unanswered_keep_alive_loses_the_connection() {
     target.swallow_next(1);
     clock.advance(Duration::from_secs(1));
     c.poll();
+    // One interval (KATO / 2) unanswered: a slow controller still has until KATO.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(c.poll(), &ControllerState::Live);
+    clock.advance(Duration::from_millis(999));
+    assert_eq!(c.poll(), &ControllerState::Live);
     clock.advance(Duration::from_secs(1));
     assert!(
         matches!(c.poll(), ControllerState::Failed(_)),
         "{:?}",
         c.state()
     );
+    // Only the one Keep Alive was sent meanwhile.
+    assert_eq!(target.stats().keep_alives, 1);
 }
 
 #[test]

@@ -236,7 +236,8 @@ fn attach<F: Fabric>(fabric: F, args: &Args, subnqn: &str) -> anyhow::Result<Con
     options.io_queue_data_size = args
         .queue_data_size
         .map(|bytes| usize::try_from(bytes).unwrap_or(usize::MAX));
-    // A short-lived tool: no keep-alive traffic and no reconnect.
+    // A short-lived tool: no reconnect (a lost connection fails the command). Keep-alive goes
+    // out as the block device is used (each operation polls the controller).
     options.reconnect = nvmf_initiator::controller::ReconnectPolicy::never();
     let address = args.connect.address();
     Controller::connect(fabric, address.clone(), options, Arc::new(SystemClock))
@@ -280,6 +281,12 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
             );
         }
     }
+    // The data to send is read before connecting: a slow stdin must not hold a connection
+    // whose keep-alive nobody sends meanwhile (the target would give the controller up).
+    let mut data_in = match &args.command {
+        Command::Write(r) | Command::Compare(r) => Some(input(&r.data)?),
+        _ => None,
+    };
     let mut c = attach(fabric, args, &args.connect.subnqn)?;
     let mut mismatch = false;
     match &args.command {
@@ -345,7 +352,7 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
                     }
                 }
                 Command::Write(_) => {
-                    let mut data = input(data_file)?;
+                    let mut data = data_in.take().unwrap_or_default();
                     if data.len() > len {
                         bail!(
                             "{} bytes of input exceed {} blocks ({len} bytes)",
@@ -358,7 +365,7 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
                     dev.flush()?;
                 }
                 _ => {
-                    let mut data = input(data_file)?;
+                    let mut data = data_in.take().unwrap_or_default();
                     data.resize(len, 0);
                     mismatch = !dev.compare_blocks(r.start_block, &data)?;
                     eprintln!("compare: {}", if mismatch { "MISMATCH" } else { "Success" });
