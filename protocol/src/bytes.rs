@@ -201,6 +201,29 @@ impl<const N: usize> FixedStr<N> {
         })
     }
 
+    /// Decode an ASCII wire field (Identify's SN, MN, FR) as [`FixedStr::from_field`] does,
+    /// but a byte outside printable ASCII reads as `?` instead of failing the decode: one odd
+    /// byte in a serial number must not make a controller unusable (the Linux host copies
+    /// these fields as they are).
+    pub fn from_ascii_field_lossy(field_bytes: &[u8], field: &'static str) -> Result<Self> {
+        let mut b = [0u8; N];
+        let n = field_bytes.len().min(N);
+        for (out, &c) in b.iter_mut().zip(&field_bytes[..n]) {
+            *out = match c {
+                0 | 0x20..=0x7E => c,
+                _ => b'?',
+            };
+        }
+        if field_bytes.len() > N && field_bytes[N..].iter().any(|&c| c != 0 && c != b' ') {
+            return Err(ProtocolError::StringTooLong {
+                field,
+                len: field_bytes.len(),
+                max: N,
+            });
+        }
+        Self::from_field(&b[..n], field)
+    }
+
     /// Decode a wire field: the string ends at the first NUL (or the field's end), then trailing
     /// spaces are dropped (some peers space-pad).
     pub fn from_field(field_bytes: &[u8], field: &'static str) -> Result<Self> {
@@ -313,6 +336,12 @@ mod tests {
             Err(ProtocolError::NotUtf8 { .. })
         ));
         assert!(FixedStr::<4>::new("a\0", "f").is_err());
+        // Identify's ASCII fields: an odd byte reads as '?', padding still goes.
+        let s = FixedStr::<8>::from_ascii_field_lossy(&[b'S', 0xff, b'N', 0x07, b' ', b' '], "f")
+            .unwrap();
+        assert_eq!(s.as_str(), "S?N?");
+        let s = FixedStr::<4>::from_ascii_field_lossy(b"ab\0\xfe", "f").unwrap();
+        assert_eq!(s.as_str(), "ab");
         let mut out = [9u8; 6];
         FixedStr::<4>::new("ab", "f")
             .unwrap()

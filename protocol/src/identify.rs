@@ -443,9 +443,9 @@ impl IdentifyController {
         Ok(Self {
             vid: rd16(b, 0),
             ssvid: rd16(b, 2),
-            sn: FixedStr::from_field(&b[4..24], "SN")?,
-            mn: FixedStr::from_field(&b[24..64], "MN")?,
-            fr: FixedStr::from_field(&b[64..72], "FR")?,
+            sn: FixedStr::from_ascii_field_lossy(&b[4..24], "SN")?,
+            mn: FixedStr::from_ascii_field_lossy(&b[24..64], "MN")?,
+            fr: FixedStr::from_ascii_field_lossy(&b[64..72], "FR")?,
             rab: rd8(b, 72),
             ieee: rdarr(b, 73),
             cmic: rd8(b, 76),
@@ -1034,6 +1034,20 @@ mod tests {
         assert_eq!(Cns::Controller.raw(), 0x01);
         assert_eq!(Cns::ActiveNamespaceList.raw(), 0x02);
         assert_eq!(Cns::NamespaceDescriptors.raw(), 0x03);
+    }
+
+    /// A byte outside ASCII in SN, MN or FR reads as '?': the controller stays usable.
+    #[test]
+    fn odd_bytes_in_the_ascii_fields_decode() {
+        let mut page = [0u8; 4096];
+        fabrics_ctrl().encode_into(&mut page).unwrap();
+        page[4 + 2] = 0xFF;
+        page[24] = 0x80;
+        page[64] = 0x01;
+        let c = IdentifyController::decode(&page).unwrap();
+        assert_eq!(c.sn.as_str(), "SN?001");
+        assert_eq!(c.mn.as_str(), "?vmf-rs");
+        assert_eq!(c.fr.as_str(), "?.1");
     }
 
     fn fabrics_ctrl() -> IdentifyController {
