@@ -315,7 +315,8 @@ impl Controller {
     }
 
     /// Property Set: only CC is writable. Enabling with I/O queue entry sizes other than 64 /
-    /// 16 bytes sets CSTS.CFS (as a PCIe controller would) instead of RDY. Ok(true) when a
+    /// 16 bytes, or a command set, page size or arbitration CAP does not offer, sets CSTS.CFS
+    /// (as a PCIe controller would, and nvmet) instead of RDY. Ok(true) when a
     /// shutdown began (CSTS.SHST = Occurring): the caller flushes the namespaces and reports
     /// how many flushes are in flight with [`Controller::shutdown_flushes`].
     pub fn property_set(
@@ -332,10 +333,14 @@ impl Controller {
         let was = s.cc;
         s.cc = cc;
         if cc.en && !was.en {
+            // What CAP allows: the NVM command set, 4 KiB pages (MPSMIN = MPSMAX = 0), round
+            // robin arbitration; entries of 64 and 16 bytes (an I/O controller's). Anything
+            // else is a fatal status, as nvmet answers it.
             let sizes_ok = self.is_discovery() || (cc.iosqes == 6 && cc.iocqes == 4);
+            let valid = sizes_ok && cc.css == 0 && cc.mps == 0 && cc.ams == 0;
             // A reset still waiting for its old I/O queues is over: they go anyway (epoch).
             s.resetting = false;
-            if sizes_ok {
+            if valid {
                 s.csts.rdy = true;
                 s.csts.shst = ShutdownStatus::Normal;
             } else {
@@ -357,6 +362,9 @@ impl Controller {
                 self.aer_ready.store(true, Ordering::Release);
             }
             s.events.clear();
+            // The notice those events may have held back is re-armed with them: else a later
+            // namespace change stays unreported until the host happens to read log 04h.
+            s.ns_notice_masked = false;
         }
         let shutdown =
             cc.shn != ShutdownNotification::None && was.shn == ShutdownNotification::None;

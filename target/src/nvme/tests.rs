@@ -747,6 +747,19 @@ fn io_connect_before_enable_and_admin_before_ready() {
     h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()));
     let csts = Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0);
     assert!(csts.cfs && !csts.rdy);
+    // A page size, arbitration or command set CAP does not offer: the same.
+    let good = Cc::enabled_nvm();
+    for bad in [
+        Cc { mps: 1, ..good },
+        Cc { ams: 1, ..good },
+        Cc { css: 1, ..good },
+    ] {
+        let off = Cc { en: false, ..good };
+        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(off.to_u32()));
+        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(bad.to_u32()));
+        let csts = Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0);
+        assert!(csts.cfs && !csts.rdy, "{bad:?}");
+    }
     // Read-only and unknown properties, wrong size.
     assert_eq!(
         generic(&h.prop_set(&mut aq, PropertyOffset::Csts, 1)),
@@ -1666,4 +1679,42 @@ fn closed_queues_leave_their_counts_not_their_counters() {
         (totals.writes, totals.bytes_written, totals.in_flight),
         (50, 50 * 512, 0)
     );
+}
+
+/// A controller reset drops the events queued for AERs and re-arms the namespace notice they
+/// held back: the next namespace change is reported (it waited for a log 04h read that the
+/// reset made moot).
+#[test]
+fn a_controller_reset_rearms_the_namespace_notice() {
+    let mut h = Host::new(target(true));
+    let (mut aq, _) = h.admin();
+    let notices = admin_cmd(0x09, 0, 0x0B, 1 << 8);
+    assert!(h.exec(&mut aq, notices, &mut []).status.is_success());
+    let mut none: [&mut [u8]; 0] = [];
+    let mut buf = IoBuf::new(&mut none);
+    let aer = Sqe::new(0x0C, 77, 0);
+    assert_eq!(
+        aq.execute(&mut h.io, &aer, &mut buf, 1, || h.now),
+        Exec::Pending
+    );
+    h.target.add_namespace(SUBNQN, 5, "spare").unwrap();
+    assert_eq!(aq.poll_events(&mut |_, _| {}), 1);
+    // Reset: CC.EN 1 -> 0 -> 1 (no I/O queue, so ready again at once).
+    for en in [false, true] {
+        let cc = Cc {
+            en,
+            ..Cc::enabled_nvm()
+        };
+        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()));
+    }
+    assert!(Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).rdy);
+    let aer = Sqe::new(0x0C, 78, 0);
+    assert_eq!(
+        aq.execute(&mut h.io, &aer, &mut buf, 2, || h.now),
+        Exec::Pending
+    );
+    h.target.remove_namespace(SUBNQN, 5).unwrap();
+    let mut got = vec![];
+    assert_eq!(aq.poll_events(&mut |tag, c| got.push((tag, c.cid))), 1);
+    assert_eq!(got, vec![(2, 78)]);
 }
