@@ -15,7 +15,7 @@ use nvmf_protocol::fabrics::{
     CNTLID_DYNAMIC, CONNECT_DATA_SIZE, ConnectCmd, ConnectData, ConnectInvalidParameter,
     ConnectResponse,
 };
-use nvmf_protocol::sqe::{Fuse, Psdt};
+use nvmf_protocol::sqe::FLAGS_PSDT_SGL;
 use nvmf_protocol::{Cqe, DISCOVERY_NQN, FabricsType, Sqe, Status};
 
 use crate::bdev::{BlockRange, IoBuf};
@@ -69,6 +69,11 @@ pub struct Queue {
     /// Deallocate ranges of the current Dataset Management command (capacity kept).
     pub(super) ranges: Vec<BlockRange>,
 }
+
+/// FUSE (bits 1:0) and PSDT (bits 7:6) of the flags byte: a command is taken with FUSE 00b
+/// (normal) and PSDT 01b (SGLs) only.
+const FUSE_BITS: u8 = 0x03;
+const PSDT_BITS: u8 = 0xC0;
 
 impl Queue {
     /// A new, unbound queue on the reactor `io` belongs to; `listener` is the local address
@@ -187,7 +192,8 @@ impl Queue {
             // Write would write even when the compare failed. PSDT must say SGL with a
             // contiguous metadata buffer (01b), the only form NVMe over Fabrics defines (as
             // nvmet checks; Linux and SPDK hosts set it on every command).
-            _ if sqe.fuse() != Fuse::Normal || sqe.psdt() != Psdt::SglContiguousMeta => {
+            // One mask on the flags byte: decoding both fields cost 18 instructions a command.
+            _ if sqe.flags & (FUSE_BITS | PSDT_BITS) != FLAGS_PSDT_SGL => {
                 Exec::Done(self.error(sqe, INVALID_FIELD))
             }
             QueueState::Unbound => {
@@ -293,6 +299,7 @@ impl Queue {
     /// (a buffer longer than the data) is not advertised, as in nvmet, and what a command did
     /// not write of a controller-to-host buffer would reach the host as the pool buffer last
     /// held it (another host's data).
+    #[inline(always)]
     pub(super) fn data_length(
         &self,
         sqe: &Sqe,
@@ -302,8 +309,15 @@ impl Queue {
         if data.len() as u64 == expected {
             Ok(())
         } else {
-            Err(self.error(sqe, SGL_LENGTH_INVALID))
+            Err(self.sgl_length_invalid(sqe))
         }
+    }
+
+    /// Kept out of the I/O path (`data_length`'s refusal).
+    #[cold]
+    #[inline(never)]
+    fn sgl_length_invalid(&self, sqe: &Sqe) -> Cqe {
+        self.error(sqe, SGL_LENGTH_INVALID)
     }
 
     pub(super) fn error(&self, sqe: &Sqe, status: Status) -> Cqe {
