@@ -132,6 +132,25 @@ identify() {   # the controller's subsystem NQN and the namespace's geometry are
   [ "$subnqn" = "$NQN" ] && [ $((1 << ds)) -eq $NS_BLOCK ] && [ $((nsze * NS_BLOCK)) -eq $NS_BYTES ] &&
     [ "$bytes" -eq $NS_BYTES ]
 }
+# nvmf-tgt only (nvmet answers a zeroed firmware log and refuses Volatile Write Cache changes):
+# the firmware slot log names slot 1 active with Identify's FR, and the volatile write cache
+# goes off and on again through nvme-cli (get-feature prints the value in hex or in octal-looking
+# zero-padded digits, both of which the shell's arithmetic reads).
+fw_log_and_write_cache() {
+  local fr log="$LOGS/fw-log.bin" afi frs1 v got
+  fr=$(nvme id-ctrl "$CTRL" -o json | jq -r .fr | sed 's/ *$//') || return
+  nvme fw-log "$CTRL" -b > "$log" || return
+  afi=$(od -An -tu1 -N1 "$log" | tr -d ' ')
+  frs1=$(dd if="$log" bs=1 skip=8 count=8 status=none | tr -d ' \0')
+  echo "identify fr '$fr'; firmware log afi $afi, frs1 '$frs1'"
+  [ "$afi" = 1 ] && [ -n "$fr" ] && [ "$frs1" = "$fr" ] || return
+  for v in 0 1; do
+    nvme set-feature "$CTRL" -f 6 -v $v || return
+    got=$(nvme get-feature "$CTRL" -f 6 | sed -n 's/.*value: *//p')
+    echo "volatile write cache set to $v, read back '$got'"
+    [ -n "$got" ] && [ $((got)) -eq $v ] || return
+  done
+}
 fio_verify() {   # fio_verify DEV: written data reads back intact (random 4 KiB at QD 32, sequential 128 KiB)
   timeout 600 fio --ioengine=libaio --direct=1 --filename="$1" --verify=crc32c --verify_fatal=1 \
     --name=rand4k --rw=randwrite --bs=4k --iodepth=32 --offset=0 --size=32M \
@@ -192,6 +211,8 @@ kernel_host_checks() {
   check "nvme discover: $who reports $NQN over rdma at $IP:$PORT" discover
   check "nvme connect as $HOST_NQN to $who" host_connect
   check "nvme id-ctrl / id-ns: subnqn $NQN, 256 MiB in 512 B blocks" identify
+  [ "$who" != nvmf-tgt ] ||
+    check "nvme fw-log: slot 1 holds nvmf-tgt's version; set-feature 6: the write cache off and on again" fw_log_and_write_cache
   check "fio write + crc32c verify (4 KiB random QD32, 128 KiB sequential)" fio_verify "$DEV"
   check "blkdiscard -z (Write Zeroes) and blkdiscard (deallocate): exactly those bytes read back as zeroes" zero_discard
   check "mkfs.ext4 + mount: a file reads back intact after remount" fs_roundtrip

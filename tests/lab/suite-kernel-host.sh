@@ -2,7 +2,8 @@
 # Suite `kernel-host` (guest): the Linux host (nvme-cli + nvme-rdma) against nvmf-tgt over rxe0:
 # discovery, connect, identify, verified I/O, Write Zeroes and discard, a filesystem, disconnect,
 # the host allow-list, and no qpair left behind (by rdma res and by nvmf-tgt's own statistics);
-# then nvmf-tgt stops cleanly on SIGTERM. Same checks as kernel-peers.
+# then nvmf-tgt stops cleanly on SIGTERM. The checks of kernel-peers, and nvme-cli reading the
+# firmware slot log and switching the volatile write cache off and on (which nvmet does not serve).
 SUITE=kernel-host
 . "$(dirname "$0")/guest-lib.sh"
 . "$(dirname "$0")/suite-lib.sh"
