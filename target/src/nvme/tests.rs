@@ -120,6 +120,11 @@ impl Host {
         Queue::new(self.target.clone(), &mut self.io, listener(), 128)
     }
 
+    /// Execute and wait: whether the command succeeded.
+    fn succeeds(&mut self, q: &mut Queue, sqe: Sqe, data: &mut [u8]) -> bool {
+        self.exec(q, sqe, data).status.is_success()
+    }
+
     /// Execute and wait (polling the reactor I/O context and the queue's events).
     fn exec(&mut self, q: &mut Queue, mut sqe: Sqe, data: &mut [u8]) -> Cqe {
         sqe.cid = self.next_cid;
@@ -1366,11 +1371,7 @@ fn buffers_must_be_exactly_the_transfer() {
     let mut q = h.io_queue(1, cntlid);
     let sgl_length = Some(GenericStatus::DataSglLengthInvalid);
     let mut block = vec![0x5Au8; 512];
-    assert!(
-        h.exec(&mut q, rw(0x01, 1, 0, 1), &mut block)
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut q, rw(0x01, 1, 0, 1), &mut block));
     // A read, a write and a compare of one 512 B block with 4 KiB buffers.
     let mut stale = vec![0xAAu8; 4096];
     for opcode in [0x02u8, 0x01, 0x05] {
@@ -1380,11 +1381,7 @@ fn buffers_must_be_exactly_the_transfer() {
     }
     assert!(stale.iter().all(|b| *b == 0xAA));
     let mut back = vec![0u8; 512];
-    assert!(
-        h.exec(&mut q, rw(0x02, 1, 0, 1), &mut back)
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut q, rw(0x02, 1, 0, 1), &mut back));
     assert_eq!(back, vec![0x5A; 512], "the refused write changed the block");
     // Flush and Write Zeroes move nothing.
     assert_eq!(
@@ -1423,16 +1420,8 @@ fn buffers_must_be_exactly_the_transfer() {
         );
     }
     // The same with no data succeed (the AER stays outstanding: not sent).
-    assert!(
-        h.exec(&mut aq, admin_cmd(0x0A, 0, 0x07, 0), &mut [])
-            .status
-            .is_success()
-    );
-    assert!(
-        h.exec(&mut aq, get_log(0x02, 512, 0), &mut big[..512])
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut aq, admin_cmd(0x0A, 0, 0x07, 0), &mut []));
+    assert!(h.succeeds(&mut aq, get_log(0x02, 512, 0), &mut big[..512]));
     // Fabrics: a Property Get with data; a Connect with more than its 1024 bytes.
     let prop = PropertyGetCmd {
         cid: 0,
@@ -1477,11 +1466,7 @@ fn fused_commands_and_other_data_pointers_are_refused() {
     let (mut aq, cntlid) = h.admin();
     let mut q = h.io_queue(1, cntlid);
     let mut block = vec![0x11u8; 512];
-    assert!(
-        h.exec(&mut q, rw(0x01, 1, 8, 1), &mut block)
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut q, rw(0x01, 1, 8, 1), &mut block));
     let mut other = vec![0x22u8; 512];
     // FUSE 1, 2 and 3; PSDT 00b (PRPs), 10b and 11b with FUSE 0.
     let cases = [
@@ -1504,11 +1489,7 @@ fn fused_commands_and_other_data_pointers_are_refused() {
         assert!(c.status.dnr);
     }
     let mut back = vec![0u8; 512];
-    assert!(
-        h.exec(&mut q, rw(0x02, 1, 8, 1), &mut back)
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut q, rw(0x02, 1, 8, 1), &mut back));
     assert_eq!(back, block);
     let mut identify = admin_cmd(0x06, 0, 1, 0);
     identify.flags |= 1;
@@ -1518,11 +1499,7 @@ fn fused_commands_and_other_data_pointers_are_refused() {
     );
     // Identify says so.
     let mut page = vec![0u8; 4096];
-    assert!(
-        h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page)
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page));
     assert_eq!(IdentifyController::decode(&page).unwrap().fuses, 0);
 }
 
@@ -1545,25 +1522,17 @@ fn write_cache_off_makes_every_write_durable() {
     let mut write = |h: &mut Host, q: &mut Queue, flags: u32| {
         let mut sqe = rw(0x01, 1, 0, 1);
         sqe.cdw12 |= flags;
-        assert!(h.exec(q, sqe, &mut block).status.is_success());
+        assert!(h.succeeds(q, sqe, &mut block));
         fua.load(Ordering::Acquire)
     };
     assert_eq!(write(&mut h, &mut q, 0), 0);
     let vwc = |h: &mut Host, aq: &mut Queue| h.exec(aq, admin_cmd(0x0A, 0, 0x06, 0), &mut []).dw0;
     assert_eq!(vwc(&mut h, &mut aq), 1);
-    assert!(
-        h.exec(&mut aq, admin_cmd(0x09, 0, 0x06, 0), &mut [])
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut aq, admin_cmd(0x09, 0, 0x06, 0), &mut []));
     assert_eq!(vwc(&mut h, &mut aq), 0);
     assert_eq!(write(&mut h, &mut q, 0), 1);
     assert_eq!(write(&mut h, &mut q, 0), 2);
-    assert!(
-        h.exec(&mut aq, admin_cmd(0x09, 0, 0x06, 1), &mut [])
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut aq, admin_cmd(0x09, 0, 0x06, 1), &mut []));
     assert_eq!(vwc(&mut h, &mut aq), 1);
     assert_eq!(write(&mut h, &mut q, 0), 2);
     // FUA asked by the host, cache on.
@@ -1576,19 +1545,11 @@ fn firmware_slot_log() {
     let mut h = Host::new(target(true));
     let (mut aq, _) = h.admin();
     let mut page = vec![0u8; 4096];
-    assert!(
-        h.exec(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page)
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page));
     let id = IdentifyController::decode(&page).unwrap();
     assert_eq!(id.frmw, 0x03, "one slot, read only");
     let mut log = vec![0xEEu8; 512];
-    assert!(
-        h.exec(&mut aq, get_log(0x03, 512, 0), &mut log)
-            .status
-            .is_success()
-    );
+    assert!(h.succeeds(&mut aq, get_log(0x03, 512, 0), &mut log));
     assert_eq!(log[0], 1);
     let fr = id.fr.as_str();
     assert_eq!(std::str::from_utf8(&log[8..16]).unwrap().trim_end(), fr);
@@ -1665,11 +1626,7 @@ fn closed_queues_leave_their_counts_not_their_counters() {
     let mut block = vec![9u8; 512];
     for lba in 0..50 {
         let mut q = h.io_queue(1, cntlid);
-        assert!(
-            h.exec(&mut q, rw(0x01, 1, lba, 1), &mut block)
-                .status
-                .is_success()
-        );
+        assert!(h.succeeds(&mut q, rw(0x01, 1, lba, 1), &mut block));
         drop(q);
     }
     let c = aq.controller().unwrap();
@@ -1689,7 +1646,7 @@ fn a_controller_reset_rearms_the_namespace_notice() {
     let mut h = Host::new(target(true));
     let (mut aq, _) = h.admin();
     let notices = admin_cmd(0x09, 0, 0x0B, 1 << 8);
-    assert!(h.exec(&mut aq, notices, &mut []).status.is_success());
+    assert!(h.succeeds(&mut aq, notices, &mut []));
     let mut none: [&mut [u8]; 0] = [];
     let mut buf = IoBuf::new(&mut none);
     let aer = Sqe::new(0x0C, 77, 0);
