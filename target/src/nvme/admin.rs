@@ -39,6 +39,11 @@ const FIRMWARE_SLOT_LOG_SIZE: usize = 512;
 /// DLFEAT: Write Zeroes may deallocate (bit 3); deallocated blocks read as zeroes (001b).
 const DLFEAT: u8 = 0x09;
 
+/// Identify's FR and the firmware slot log's only slot: this build's version.
+fn firmware_revision() -> FixedStr<8> {
+    FixedStr::new(env!("CARGO_PKG_VERSION"), "FR").unwrap_or(FixedStr::EMPTY)
+}
+
 fn fixed<const N: usize>(s: &str) -> FixedStr<N> {
     FixedStr::new(s, "identify").unwrap_or(FixedStr::EMPTY)
 }
@@ -59,10 +64,9 @@ impl Queue {
             return Exec::Done(self.error(sqe, SEQUENCE_ERROR));
         }
         let discovery = c.is_discovery();
-        // Only Identify and Get Log Page move data (checked there): a buffer with any other
-        // command would go back to the host unwritten.
-        let moves_data = matches!(op, AdminOpcode::Identify | AdminOpcode::GetLogPage);
-        let known = matches!(
+        // Of the commands served only Identify and Get Log Page move data (checked there): a
+        // buffer with any other would go back to the host unwritten.
+        let moves_nothing = matches!(
             op,
             AdminOpcode::SetFeatures
                 | AdminOpcode::GetFeatures
@@ -70,7 +74,7 @@ impl Queue {
                 | AdminOpcode::AsyncEventRequest
                 | AdminOpcode::Abort
         );
-        if known && !moves_data {
+        if moves_nothing {
             if let Err(cqe) = self.data_length(sqe, data, 0) {
                 return Exec::Done(cqe);
             }
@@ -182,7 +186,7 @@ impl Queue {
         let mut id = IdentifyController {
             sn: fixed(sub.map_or("discovery", |s| s.serial.as_str())),
             mn: fixed(sub.map_or("nvmf-rs discovery", |s| s.model.as_str())),
-            fr: FixedStr::new(env!("CARGO_PKG_VERSION"), "FR").unwrap_or(FixedStr::EMPTY),
+            fr: firmware_revision(),
             // One firmware slot (bits 3:1), read only (bit 0): the firmware slot log's.
             frmw: (1 << 1) | 1,
             rab: 6,
@@ -270,7 +274,7 @@ impl Queue {
                 let mut b = vec![0u8; FIRMWARE_SLOT_LOG_SIZE];
                 b[0] = 1;
                 // FRS1: ASCII, space padded, as Identify's FR.
-                let fr = self.identify_controller(c).fr;
+                let fr = firmware_revision();
                 let n = fr.len().min(8);
                 b[8..8 + n].copy_from_slice(&fr.as_bytes()[..n]);
                 b[8 + n..16].fill(b' ');

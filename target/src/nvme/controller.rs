@@ -219,12 +219,13 @@ impl Controller {
     /// Whether the volatile write cache is enabled (writes may complete before they are
     /// durable; a Flush makes them so).
     pub fn write_cache_enabled(&self) -> bool {
-        self.write_cache.load(Ordering::Relaxed)
+        self.write_cache.load(Ordering::Acquire)
     }
 
-    /// Set Features Volatile Write Cache.
+    /// Set Features Volatile Write Cache. Release: a write the host sends after this command's
+    /// answer, on any reactor, sees it (a plain store and load on x86).
     pub fn set_write_cache(&self, enabled: bool) {
-        self.write_cache.store(enabled, Ordering::Relaxed);
+        self.write_cache.store(enabled, Ordering::Release);
     }
 
     /// I/O queue `qid`, counting into `counters`, closed: its id is free again; the last one to

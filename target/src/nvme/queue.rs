@@ -294,7 +294,6 @@ impl Queue {
         self.qid().unwrap_or(0)
     }
 
-    /// A failed completion of `sqe` on this queue.
     /// The host's buffer must be exactly the `expected` bytes the command moves: SGLS bit 18
     /// (a buffer longer than the data) is not advertised, as in nvmet, and what a command did
     /// not write of a controller-to-host buffer would reach the host as the pool buffer last
@@ -320,6 +319,7 @@ impl Queue {
         self.error(sqe, SGL_LENGTH_INVALID)
     }
 
+    /// A failed completion of `sqe` on this queue.
     pub(super) fn error(&self, sqe: &Sqe, status: Status) -> Cqe {
         Cqe::error(sqe.cid, self.sqid(), self.sqhd, status)
     }
