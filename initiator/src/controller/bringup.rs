@@ -352,9 +352,22 @@ pub(crate) fn scan_namespaces<Q: crate::queue::HostQueue>(
     Ok(out)
 }
 
-/// CC.SHN = normal, then wait for CSTS.SHST = complete within CAP.TO.
+/// How long a normal shutdown may take: Identify's RTD3E (the controller's own figure for
+/// entering D3), at least 5 s and at most 60 s, as the Linux host waits; and never less than
+/// CAP.TO, which this host waited before (it bounds enabling, and a target flushing a
+/// write-back cache at shutdown may need as long).
+pub(crate) fn shutdown_wait(rtd3e_us: u32, cap: &Cap) -> Duration {
+    let rtd3e = Duration::from_micros(u64::from(rtd3e_us));
+    let to = Duration::from_millis(u64::from(cap.timeout_ms()));
+    rtd3e
+        .max(to)
+        .clamp(Duration::from_secs(5), Duration::from_secs(60))
+}
+
+/// CC.SHN = normal, then wait for CSTS.SHST = complete within [`shutdown_wait`].
 pub(crate) fn shutdown<Q: crate::queue::HostQueue>(
     q: &mut AdminQueue<Q>,
+    rtd3e_us: u32,
     cap: &Cap,
     clock: &SharedClock,
 ) -> Result<()> {
@@ -364,8 +377,7 @@ pub(crate) fn shutdown<Q: crate::queue::HostQueue>(
         ..cc
     };
     property_set(q, PropertyOffset::Cc, cc.to_u32())?;
-    let timeout = Duration::from_millis(u64::from(cap.timeout_ms()).max(500));
-    wait_csts(q, clock, timeout, "CSTS.SHST", |c| {
+    wait_csts(q, clock, shutdown_wait(rtd3e_us, cap), "CSTS.SHST", |c| {
         c.shst == ShutdownStatus::Complete
     })?;
     Ok(())

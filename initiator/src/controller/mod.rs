@@ -414,10 +414,10 @@ impl<F: Fabric> Controller<F> {
 
     /// Clean shutdown: CC.SHN, wait for SHST complete, then disconnect every queue.
     pub fn shutdown(&mut self) -> Result<()> {
-        let cap = self.cap;
+        let (rtd3e, cap) = (self.identify.rtd3e, self.cap);
         let clock = self.clock.clone();
         let result = match self.admin_mut() {
-            Ok(a) => bringup::shutdown(a, &cap, &clock),
+            Ok(a) => bringup::shutdown(a, rtd3e, &cap, &clock),
             Err(e) => Err(e),
         };
         for q in self.io_queues.iter_mut().flatten() {

@@ -208,6 +208,19 @@ fn unanswered_keep_alive_loses_the_connection() {
 }
 
 #[test]
+fn shutdown_waits_as_long_as_rtd3e_or_cap_to_say_within_5_to_60_s() {
+    use super::bringup::shutdown_wait;
+    let to = |units: u8| Cap {
+        to: units,
+        ..Cap::default()
+    };
+    assert_eq!(shutdown_wait(0, &to(1)), Duration::from_secs(5));
+    assert_eq!(shutdown_wait(20_000_000, &to(1)), Duration::from_secs(20));
+    assert_eq!(shutdown_wait(0, &to(30)), Duration::from_secs(15));
+    assert_eq!(shutdown_wait(u32::MAX, &to(30)), Duration::from_secs(60));
+}
+
+#[test]
 fn shutdown_sets_shn_and_waits_for_shst() {
     let (target, c, _) = attach(LoopbackConfig::default(), |_| {});
     let mut c = c.unwrap();
