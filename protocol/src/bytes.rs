@@ -206,22 +206,14 @@ impl<const N: usize> FixedStr<N> {
     /// byte in a serial number must not make a controller unusable (the Linux host copies
     /// these fields as they are).
     pub fn from_ascii_field_lossy(field_bytes: &[u8], field: &'static str) -> Result<Self> {
-        let mut b = [0u8; N];
-        let n = field_bytes.len().min(N);
-        for (out, &c) in b.iter_mut().zip(&field_bytes[..n]) {
-            *out = match c {
+        let ascii: Vec<u8> = field_bytes
+            .iter()
+            .map(|&c| match c {
                 0 | 0x20..=0x7E => c,
                 _ => b'?',
-            };
-        }
-        if field_bytes.len() > N && field_bytes[N..].iter().any(|&c| c != 0 && c != b' ') {
-            return Err(ProtocolError::StringTooLong {
-                field,
-                len: field_bytes.len(),
-                max: N,
-            });
-        }
-        Self::from_field(&b[..n], field)
+            })
+            .collect();
+        Self::from_field(&ascii, field)
     }
 
     /// Decode a wire field: the string ends at the first NUL (or the field's end), then trailing

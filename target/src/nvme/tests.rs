@@ -213,17 +213,18 @@ impl Host {
         )
     }
 
+    /// Property Set of CC.
+    fn set_cc(&mut self, q: &mut Queue, cc: Cc) -> Cqe {
+        self.prop_set(q, PropertyOffset::Cc, u64::from(cc.to_u32()))
+    }
+
     /// Admin connect + CC.EN = 1; returns the queue and its controller id.
     fn admin(&mut self) -> (Queue, u16) {
         let mut q = self.queue();
         let c = self.connect(&mut q, 0, 31, CNTLID_DYNAMIC, SUBNQN, HOST);
         assert!(c.status.is_success(), "{c:?}");
         let cc = Cc::enabled_nvm();
-        assert!(
-            self.prop_set(&mut q, PropertyOffset::Cc, u64::from(cc.to_u32()))
-                .status
-                .is_success()
-        );
+        assert!(self.set_cc(&mut q, cc).status.is_success());
         (q, c.dw0 as u16)
     }
 
@@ -569,11 +570,7 @@ fn bring_up_identify_features_and_io() {
         shn: ShutdownNotification::Normal,
         ..Cc::enabled_nvm()
     };
-    assert!(
-        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()))
-            .status
-            .is_success()
-    );
+    assert!(h.set_cc(&mut aq, cc).status.is_success());
     assert_eq!(
         Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).shst,
         ShutdownStatus::Complete
@@ -749,7 +746,7 @@ fn io_connect_before_enable_and_admin_before_ready() {
         iocqes: 4,
         ..Cc::default()
     };
-    h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()));
+    h.set_cc(&mut aq, cc);
     let csts = Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0);
     assert!(csts.cfs && !csts.rdy);
     // A page size, arbitration or command set CAP does not offer: the same.
@@ -760,8 +757,8 @@ fn io_connect_before_enable_and_admin_before_ready() {
         Cc { css: 1, ..good },
     ] {
         let off = Cc { en: false, ..good };
-        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(off.to_u32()));
-        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(bad.to_u32()));
+        h.set_cc(&mut aq, off);
+        h.set_cc(&mut aq, bad);
         let csts = Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0);
         assert!(csts.cfs && !csts.rdy, "{bad:?}");
     }
@@ -1274,11 +1271,7 @@ fn file_namespace_completes_by_polling() {
         shn: ShutdownNotification::Normal,
         ..Cc::enabled_nvm()
     };
-    assert!(
-        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()))
-            .status
-            .is_success()
-    );
+    assert!(h.set_cc(&mut aq, cc).status.is_success());
     assert_eq!(
         Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).shst,
         ShutdownStatus::Occurring
@@ -1567,11 +1560,7 @@ fn keep_alive_stops_once_shutdown_is_notified() {
         shn: ShutdownNotification::Normal,
         ..Cc::enabled_nvm()
     };
-    assert!(
-        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(shutdown.to_u32()))
-            .status
-            .is_success()
-    );
+    assert!(h.set_cc(&mut aq, shutdown).status.is_success());
     assert!(
         h.target
             .reap_expired(t0 + Duration::from_secs(60))
@@ -1662,7 +1651,7 @@ fn a_controller_reset_rearms_the_namespace_notice() {
             en,
             ..Cc::enabled_nvm()
         };
-        h.prop_set(&mut aq, PropertyOffset::Cc, u64::from(cc.to_u32()));
+        h.set_cc(&mut aq, cc);
     }
     assert!(Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).rdy);
     let aer = Sqe::new(0x0C, 78, 0);
