@@ -32,6 +32,12 @@ use crate::error::{Error, Result};
 use crate::io::{IoLimits, IoQueue};
 use crate::queue::{Fabric, TransportAddress};
 
+/// Reads of a discovery log that keeps changing before the host gives up (nvme-cli's default).
+pub const DISCOVERY_LOG_TRIES: usize = 10;
+/// Discovery log records the host reads at most (16 MiB of log): a target's NUMREC sizes the
+/// read, so a hostile one must not make the host allocate without bound.
+pub const DISCOVERY_RECORDS_MAX: usize = 16_384;
+
 /// Where the controller is in its life.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControllerState {
@@ -458,13 +464,48 @@ impl<F: Fabric> Controller<F> {
         Ok(out)
     }
 
-    /// The discovery log (header first to learn NUMREC, then the whole log).
+    /// The discovery log: its header first to learn NUMREC, then the whole log, then the
+    /// header again. A log that changed meanwhile (GENCTR moved, or the whole log's header
+    /// disagrees with the first) is read again, up to [`DISCOVERY_LOG_TRIES`] times, as
+    /// nvme-cli does: the pieces of one read must come from one generation.
     pub fn discovery_log(&mut self) -> Result<DiscoveryLog> {
+        for _ in 0..DISCOVERY_LOG_TRIES {
+            let first = self.discovery_log_header()?;
+            // NUMREC is the target's word: bound it before it sizes a read.
+            let records = usize::try_from(first.numrec)
+                .ok()
+                .filter(|n| *n <= DISCOVERY_RECORDS_MAX)
+                .ok_or_else(|| {
+                    Error::Target(format!(
+                        "discovery log lists {} records, more than the {DISCOVERY_RECORDS_MAX} \
+                         this host reads",
+                        first.numrec
+                    ))
+                })?;
+            let full =
+                self.get_log_page(LogId::Discovery, 0, DISCOVERY_RECORD_SIZE * (1 + records))?;
+            let whole = DiscoveryLogHeader::decode(&full)?;
+            let last = self.discovery_log_header()?;
+            if whole.genctr == first.genctr
+                && whole.numrec == first.numrec
+                && last.genctr == first.genctr
+            {
+                return Ok(DiscoveryLog::decode(&full)?);
+            }
+            tracing::debug!(
+                genctr = first.genctr,
+                now = last.genctr,
+                "discovery log changed while read; reading it again"
+            );
+        }
+        Err(Error::Target(format!(
+            "discovery log changed on each of {DISCOVERY_LOG_TRIES} reads"
+        )))
+    }
+
+    fn discovery_log_header(&mut self) -> Result<DiscoveryLogHeader> {
         let head = self.get_log_page(LogId::Discovery, 0, DISCOVERY_RECORD_SIZE)?;
-        let h = DiscoveryLogHeader::decode(&head)?;
-        let records = usize::try_from(h.numrec).unwrap_or(usize::MAX).min(1024);
-        let full = self.get_log_page(LogId::Discovery, 0, DISCOVERY_RECORD_SIZE * (1 + records))?;
-        Ok(DiscoveryLog::decode(&full)?)
+        Ok(DiscoveryLogHeader::decode(&head)?)
     }
 
     /// Property Get of `offset` on the admin queue now (CAP is 8 bytes, the others 4): what

@@ -259,6 +259,73 @@ fn discovery_controller_lists_subsystems() {
     assert_eq!(log.entries[1].trsvcid.as_str(), "4421");
 }
 
+/// A discovery controller's config listing `entries` subsystems.
+fn discovery_config(entries: usize, changes_at: Vec<u32>) -> LoopbackConfig {
+    LoopbackConfig {
+        discovery_entries: (0..entries)
+            .map(|i| {
+                (
+                    format!("nqn.2024-01.io.example:{i}"),
+                    "10.0.0.1".into(),
+                    "4420".into(),
+                )
+            })
+            .collect(),
+        discovery_changes_at: changes_at,
+        ..LoopbackConfig::default()
+    }
+}
+
+#[test]
+fn discovery_log_changing_while_read_is_read_again_until_stable() {
+    // Before the whole log's first piece (read 2) and before the next header (read 3): the
+    // whole log disagrees with its header, then the next try's header is newer again.
+    let (_, c, _) = attach(discovery_config(2, vec![2, 4]), |o| {
+        o.subnqn = DISCOVERY_NQN.into()
+    });
+    let log = c.unwrap().discovery_log().unwrap();
+    assert_eq!(log.genctr, 9);
+    assert_eq!(log.entries.len(), 4);
+    assert_eq!(
+        log.entries[3].subnqn.as_str(),
+        "nqn.2024-01.io.example:added-1"
+    );
+}
+
+#[test]
+fn discovery_log_changing_between_pieces_is_read_again() {
+    // Six records are two 4 KiB pieces: the change lands before the second (read 3), so the
+    // whole log's header agrees with the first and only the header read after it tells.
+    let (_, c, _) = attach(discovery_config(6, vec![3]), |o| {
+        o.subnqn = DISCOVERY_NQN.into()
+    });
+    let log = c.unwrap().discovery_log().unwrap();
+    assert_eq!(log.genctr, 8);
+    assert_eq!(log.entries.len(), 7);
+}
+
+#[test]
+fn discovery_log_that_never_settles_is_an_error() {
+    let (_, c, _) = attach(discovery_config(1, (2..100).collect()), |o| {
+        o.subnqn = DISCOVERY_NQN.into()
+    });
+    let e = c.unwrap().discovery_log().unwrap_err();
+    assert!(e.to_string().contains("changed on each of 10 reads"), "{e}");
+}
+
+#[test]
+fn discovery_log_with_more_than_1024_records_is_read_whole() {
+    let (_, c, _) = attach(discovery_config(1100, Vec::new()), |o| {
+        o.subnqn = DISCOVERY_NQN.into()
+    });
+    let log = c.unwrap().discovery_log().unwrap();
+    assert_eq!(log.entries.len(), 1100);
+    assert_eq!(
+        log.entries[1099].subnqn.as_str(),
+        "nqn.2024-01.io.example:1099"
+    );
+}
+
 #[test]
 fn duplicate_admin_completion_is_detected_as_stale() {
     let (target, c, _) = attach(LoopbackConfig::default(), |_| {});

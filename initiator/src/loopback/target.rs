@@ -70,6 +70,9 @@ pub struct LoopbackConfig {
     pub discovery_entries: Vec<(String, String, String)>,
     /// The "device" supports memory windows (per-command keys).
     pub memory_windows: bool,
+    /// Reads of the discovery log (any offset, counted from 1) before which it changes
+    /// (GENCTR + 1, one more entry): a log that moves while the host reads it.
+    pub discovery_changes_at: Vec<u32>,
 }
 
 impl Default for LoopbackConfig {
@@ -95,6 +98,7 @@ impl Default for LoopbackConfig {
                 "4420".into(),
             )],
             memory_windows: false,
+            discovery_changes_at: Vec::new(),
         }
     }
 }
@@ -176,6 +180,8 @@ struct State {
     epoch: u64,
     faults: Faults,
     stats: LoopbackStats,
+    /// Reads of the discovery log so far.
+    discovery_reads: u32,
 }
 
 /// The shared fake target (cheap clone).
@@ -208,6 +214,7 @@ impl LoopbackTarget {
                 epoch: 1,
                 faults: Faults::default(),
                 stats: LoopbackStats::default(),
+                discovery_reads: 0,
             })),
         }
     }
@@ -774,10 +781,29 @@ impl State {
         id
     }
 
-    fn discovery_log(&self) -> Vec<u8> {
-        let entries = self
+    fn discovery_log(&mut self) -> Vec<u8> {
+        self.discovery_reads += 1;
+        let changes = self
+            .config
+            .discovery_changes_at
+            .iter()
+            .filter(|at| **at <= self.discovery_reads)
+            .count() as u32;
+        let added = (0..changes).map(|i| {
+            (
+                format!("nqn.2024-01.io.example:added-{i}"),
+                "10.0.9.9".to_owned(),
+                "4420".to_owned(),
+            )
+        });
+        let listed: Vec<(String, String, String)> = self
             .config
             .discovery_entries
+            .iter()
+            .cloned()
+            .chain(added)
+            .collect();
+        let entries = listed
             .iter()
             .enumerate()
             .map(|(i, (nqn, addr, svc))| DiscoveryLogEntry {
@@ -796,7 +822,7 @@ impl State {
             })
             .collect();
         let log = DiscoveryLog {
-            genctr: 7,
+            genctr: 7 + u64::from(changes),
             recfmt: 0,
             entries,
         };
