@@ -418,17 +418,20 @@ impl<F: Fabric> Controller<F> {
         }
     }
 
-    /// Clean shutdown: CC.SHN, wait for SHST complete, then disconnect every queue.
+    /// Clean shutdown: the I/O queues disconnected, CC.SHN, a wait for CSTS.SHST complete,
+    /// then the admin queue disconnected.
     pub fn shutdown(&mut self) -> Result<()> {
+        // The I/O queues go first, as Linux tears them down before CC.SHN: the target's
+        // shutdown flush then covers every write this host sent.
+        for q in self.io_queues.iter_mut().flatten() {
+            q.disconnect("controller shut down");
+        }
         let (rtd3e, cap) = (self.identify.rtd3e, self.cap);
         let clock = self.clock.clone();
         let result = match self.admin_mut() {
             Ok(a) => bringup::shutdown(a, rtd3e, &cap, &clock),
             Err(e) => Err(e),
         };
-        for q in self.io_queues.iter_mut().flatten() {
-            q.disconnect("controller shut down");
-        }
         if let Some(a) = self.admin.as_mut() {
             a.disconnect();
         }

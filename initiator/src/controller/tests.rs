@@ -224,11 +224,18 @@ fn shutdown_waits_as_long_as_rtd3e_or_cap_to_say_within_5_to_60_s() {
 fn shutdown_sets_shn_and_waits_for_shst() {
     let (target, c, _) = attach(LoopbackConfig::default(), |_| {});
     let mut c = c.unwrap();
+    let io_queues = c.io_queue_count();
     c.shutdown().unwrap();
     assert_eq!(c.state(), &ControllerState::ShutDown);
     let cc = Cc::from_u32(target.stats().last_cc.unwrap());
     assert_eq!(cc.shn, ShutdownNotification::Normal);
     assert!(matches!(c.io_queue_mut(0), Err(Error::ControllerFailed(_))));
+    // As Linux: the I/O queues go before CC.SHN, so nothing of theirs is left in flight when
+    // the target flushes and reports the shutdown complete; the admin queue after.
+    let stats = target.stats();
+    assert!(io_queues > 0);
+    assert_eq!(stats.disconnects_before_shutdown, Some(io_queues as u64));
+    assert_eq!(stats.queue_disconnects, io_queues as u64 + 1);
 }
 
 #[test]

@@ -122,6 +122,10 @@ pub struct LoopbackStats {
     pub connect_data_keyed: u64,
     /// Last CC written.
     pub last_cc: Option<u32>,
+    /// Queues the host disconnected.
+    pub queue_disconnects: u64,
+    /// `queue_disconnects` when the host set CC.SHN.
+    pub disconnects_before_shutdown: Option<u64>,
     /// Largest data transfer of one command.
     pub largest_transfer: usize,
     /// Opcodes of the I/O commands executed, in order (capped at 4096 entries).
@@ -327,10 +331,12 @@ impl LoopbackTarget {
     }
 
     pub(super) fn queue_disconnected(&self, qid: u16, cntlid: Option<u16>) {
+        let mut s = self.lock();
+        s.stats.queue_disconnects += 1;
         // The admin queue going away ends the association.
         if qid == 0 {
             if let Some(c) = cntlid {
-                self.lock().controllers.remove(&c);
+                s.controllers.remove(&c);
             }
         }
     }
@@ -566,8 +572,11 @@ impl State {
                 }
                 let ready_after = self.config.ready_after_reads.max(1);
                 self.stats.last_cc = Some(cmd.value as u32);
-                let ctrl = self.controller_mut(c)?;
                 let new = Cc::from_u32(cmd.value as u32);
+                if new.shn != ShutdownNotification::None {
+                    self.stats.disconnects_before_shutdown = Some(self.stats.queue_disconnects);
+                }
+                let ctrl = self.controller_mut(c)?;
                 if new.en && !ctrl.cc.en {
                     ctrl.countdown = ready_after;
                 }
