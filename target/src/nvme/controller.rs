@@ -13,6 +13,13 @@
 //! that it must go (the transport disconnects it, its outstanding commands end with it), and
 //! outstanding AERs are answered as aborted. CSTS.RDY reads 1 until the last of those I/O
 //! queues has closed, then 0; the host may then enable again and connect new I/O queues.
+//!
+//! A shutdown (CC.SHN) ends the association's I/O the same way, as SPDK does: the I/O queues
+//! still connected go (a new epoch; Linux has torn its down already), the namespaces are
+//! flushed once the last of them has closed, so that the flush covers every write they
+//! completed, and CSTS.SHST turns Complete when the flushes have. From the notification on,
+//! only Fabrics commands execute and no I/O queue connects, until a controller reset (as in
+//! nvmet, where a shutdown drops CSTS.RDY).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -53,6 +60,20 @@ pub struct AbortRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AerLimitExceeded;
 
+/// Where a shutdown (CC.SHN) is. See the module documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownPhase {
+    /// None under way.
+    Idle,
+    /// I/O queues were connected at the notification: they are going, and the flushes wait
+    /// for the last of them to close (its in-flight I/O ended).
+    WaitingForQueues,
+    /// The last I/O queue closed: the admin queue's reactor starts the flushes.
+    FlushDue,
+    /// Namespace flushes in flight.
+    Flushing { flushes: usize },
+}
+
 /// One controller. See the module documentation.
 pub struct Controller {
     /// Controller id.
@@ -74,6 +95,8 @@ pub struct Controller {
     aborts_pending: AtomicBool,
     /// Answers wait in `State::abort_answers` for the admin queue.
     aborts_answered: AtomicBool,
+    /// A shutdown's flushes wait for the admin queue's reactor (`ShutdownPhase::FlushDue`).
+    shutdown_flush_due: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -123,8 +146,30 @@ pub struct State {
     pub errors: VecDeque<ErrorLogEntry>,
     /// Errors ever logged.
     pub error_count: u64,
-    /// Shutdown flushes still in flight.
-    pub shutdown_flushes: usize,
+    /// The shutdown under way, if any.
+    pub shutdown: ShutdownPhase,
+}
+
+impl State {
+    /// Enabled, ready, and no shutdown notified since: what commands other than Fabrics
+    /// commands, and the Connect of an I/O queue, need.
+    pub fn accepts_commands(&self) -> bool {
+        self.cc.en
+            && self.csts.rdy
+            && self.cc.shn == ShutdownNotification::None
+            && self.csts.shst == ShutdownStatus::Normal
+    }
+
+    /// The shutdown's last step is done: SHST Complete, unless the host withdrew the
+    /// notification meanwhile (then it reads Normal again, as in nvmet).
+    fn shutdown_done(&mut self) {
+        self.shutdown = ShutdownPhase::Idle;
+        self.csts.shst = if self.cc.shn == ShutdownNotification::None {
+            ShutdownStatus::Normal
+        } else {
+            ShutdownStatus::Complete
+        };
+    }
 }
 
 impl Controller {
@@ -148,6 +193,7 @@ impl Controller {
             write_cache: AtomicBool::new(true),
             aborts_pending: AtomicBool::new(false),
             aborts_answered: AtomicBool::new(false),
+            shutdown_flush_due: AtomicBool::new(false),
             state: Mutex::new(State {
                 cc: Cc::default(),
                 csts: Csts::default(),
@@ -171,7 +217,7 @@ impl Controller {
                 closed_queues: IoSnapshot::default(),
                 errors: VecDeque::new(),
                 error_count: 0,
-                shutdown_flushes: 0,
+                shutdown: ShutdownPhase::Idle,
             }),
         }
     }
@@ -204,10 +250,9 @@ impl Controller {
         self.defunct.store(true, Ordering::Release);
     }
 
-    /// Ready (CC.EN = 1 and CSTS.RDY = 1).
+    /// Ready (CC.EN = 1 and CSTS.RDY = 1) and not shut down ([`State::accepts_commands`]).
     pub fn is_ready(&self) -> bool {
-        let s = self.state();
-        s.cc.en && s.csts.rdy
+        self.state().accepts_commands()
     }
 
     /// Controller resets so far (an I/O queue bound under another value must go). One
@@ -260,6 +305,10 @@ impl Controller {
         if s.resetting && s.io_qids.is_empty() {
             s.resetting = false;
             s.csts.rdy = false;
+        }
+        if s.shutdown == ShutdownPhase::WaitingForQueues && s.io_qids.is_empty() {
+            s.shutdown = ShutdownPhase::FlushDue;
+            self.shutdown_flush_due.store(true, Ordering::Release);
         }
     }
 
@@ -317,9 +366,10 @@ impl Controller {
 
     /// Property Set: only CC is writable. Enabling with I/O queue entry sizes other than 64 /
     /// 16 bytes, or a command set, page size or arbitration CAP does not offer, sets CSTS.CFS
-    /// (as a PCIe controller would, and nvmet) instead of RDY. Ok(true) when a
-    /// shutdown began (CSTS.SHST = Occurring): the caller flushes the namespaces and reports
-    /// how many flushes are in flight with [`Controller::shutdown_flushes`].
+    /// (as a PCIe controller would, and nvmet) instead of RDY. Ok(true) when a shutdown began
+    /// with no I/O queue connected (CSTS.SHST = Occurring): the caller flushes the namespaces
+    /// now and reports how many flushes are in flight with [`Controller::shutdown_flushes`].
+    /// With I/O queues connected the flush waits for them to go (module documentation).
     pub fn property_set(
         &self,
         offset: PropertyOffset,
@@ -367,29 +417,51 @@ impl Controller {
             // namespace change stays unreported until the host happens to read log 04h.
             s.ns_notice_masked = false;
         }
-        let shutdown =
+        let notified =
             cc.shn != ShutdownNotification::None && was.shn == ShutdownNotification::None;
-        if shutdown {
-            s.csts.shst = ShutdownStatus::Occurring;
+        // A notification while a shutdown is under way joins it: its flushes are counted
+        // once, and it completes both.
+        if !notified || s.shutdown != ShutdownPhase::Idle {
+            return Ok(false);
         }
-        Ok(shutdown)
+        s.csts.shst = ShutdownStatus::Occurring;
+        if s.io_qids.is_empty() {
+            return Ok(true);
+        }
+        // The I/O queues go first, as in a reset, and the flush follows the last of them.
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        s.shutdown = ShutdownPhase::WaitingForQueues;
+        Ok(false)
+    }
+
+    /// The admin queue's reactor: whether a shutdown's flushes are due now (the I/O queues
+    /// it waited for have closed). One atomic load when none is.
+    pub fn take_shutdown_flush_due(&self) -> bool {
+        self.shutdown_flush_due.load(Ordering::Acquire)
+            && self.shutdown_flush_due.swap(false, Ordering::AcqRel)
     }
 
     /// `n` shutdown flushes are in flight (0: shutdown complete now).
     pub fn shutdown_flushes(&self, n: usize) {
         let mut s = self.state();
-        s.shutdown_flushes = n;
         if n == 0 {
-            s.csts.shst = ShutdownStatus::Complete;
+            s.shutdown_done();
+        } else {
+            s.shutdown = ShutdownPhase::Flushing { flushes: n };
         }
     }
 
     /// One shutdown flush finished; the last one completes the shutdown.
     pub fn shutdown_flushed(&self) {
         let mut s = self.state();
-        s.shutdown_flushes = s.shutdown_flushes.saturating_sub(1);
-        if s.shutdown_flushes == 0 {
-            s.csts.shst = ShutdownStatus::Complete;
+        if let ShutdownPhase::Flushing { flushes } = s.shutdown {
+            if flushes <= 1 {
+                s.shutdown_done();
+            } else {
+                s.shutdown = ShutdownPhase::Flushing {
+                    flushes: flushes - 1,
+                };
+            }
         }
     }
 

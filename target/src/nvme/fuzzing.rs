@@ -422,7 +422,7 @@ impl Run {
         let mut got = Vec::new();
         self.io.poll(&mut |tag, cqe| got.push((tag, cqe)));
         for q in &mut self.queues {
-            q.poll_events(&mut |tag, cqe| got.push((tag, cqe)));
+            q.poll_events(&mut self.io, &mut |tag, cqe| got.push((tag, cqe)));
         }
         for (tag, cqe) in got {
             let Some(o) = self.outstanding.remove(&tag) else {

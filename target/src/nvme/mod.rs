@@ -36,8 +36,9 @@
 //!    - [`Exec::Pending`]: the buffers stay lent (see [`crate::bdev::IoBuf`]) until the
 //!      completion comes back from a poll below, under the same `tag`.
 //! 3. On every reactor poll: `io.poll(&mut |tag, cqe| ...)` (block-device completions of every
-//!    queue on this reactor) and, per admin queue, `q.poll_events(&mut |tag, cqe| ...)`
-//!    (Asynchronous Event Requests answered by an event).
+//!    queue on this reactor) and, per admin queue, `q.poll_events(&mut io, &mut |tag, cqe| ...)`
+//!    (Asynchronous Event Requests answered by an event; a shutdown's flushes started once its
+//!    I/O queues have closed).
 //! 4. `q.should_disconnect()` after each command and on a timer: true after a Disconnect
 //!    command, or when the controller was torn down (keep-alive expiry, admin queue gone);
 //!    the transport then disconnects the qpair and drops `q` (which unregisters it), after its

@@ -257,10 +257,14 @@ impl Queue {
 
     /// Outstanding Asynchronous Event Requests answered by an event, and Abort commands
     /// answered by their victim's queue: `out(tag, cqe)`.
-    pub fn poll_events(&mut self, out: &mut dyn FnMut(u64, Cqe)) -> usize {
+    pub fn poll_events(&mut self, io: &mut ReactorIo, out: &mut dyn FnMut(u64, Cqe)) -> usize {
         let Some(c) = self.controller().cloned() else {
             return 0;
         };
+        // A shutdown whose I/O queues have all closed: its flushes start here.
+        if c.take_shutdown_flush_due() {
+            self.shutdown_flush(io, &c);
+        }
         let mut n = 0;
         let sqhd = self.sqhd;
         let tags = &mut self.abort_tags;
@@ -429,7 +433,8 @@ impl Queue {
             }
             {
                 let mut s = c.state();
-                if !s.cc.en || !s.csts.rdy {
+                // Not before the controller is enabled, nor after a shutdown notification.
+                if !s.accepts_commands() {
                     drop(s);
                     return self.connect_error(sqe, SEQUENCE_ERROR, None);
                 }

@@ -941,10 +941,16 @@ fn async_event_on_namespace_change() {
         aq.execute(&mut h.io, &aer, &mut buf, 4242, || h.now),
         Exec::Pending
     );
-    assert_eq!(aq.poll_events(&mut |_, _| panic!("no event yet")), 0);
+    assert_eq!(
+        aq.poll_events(&mut h.io, &mut |_, _| panic!("no event yet")),
+        0
+    );
     h.target.add_namespace(SUBNQN, 5, "spare").unwrap();
     let mut got = vec![];
-    assert_eq!(aq.poll_events(&mut |tag, c| got.push((tag, c))), 1);
+    assert_eq!(
+        aq.poll_events(&mut h.io, &mut |tag, c| got.push((tag, c))),
+        1
+    );
     assert_eq!(got[0].0, 4242);
     assert_eq!(got[0].1.cid, 77);
     let ev = nvmf_protocol::admin::AsyncEvent::from_dw0(got[0].1.dw0);
@@ -1180,8 +1186,9 @@ fn discovery_lists_what_the_host_may_see() {
     assert_eq!(part, log[1024..2048]);
 }
 
-#[test]
-fn file_namespace_completes_by_polling() {
+/// A target whose namespace 1 is a file (a volatile cache: a shutdown flushes it) in a new
+/// directory under build/, kept as long as the directory.
+fn file_target() -> (Arc<Target>, tempfile::TempDir) {
     let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../build/test-files");
     std::fs::create_dir_all(&base).unwrap();
     let dir = tempfile::tempdir_in(base).unwrap();
@@ -1208,7 +1215,13 @@ fn file_namespace_completes_by_polling() {
     })
     .unwrap();
     t.add_subsystem(sub);
-    let mut h = Host::new(Arc::new(t));
+    (Arc::new(t), dir)
+}
+
+#[test]
+fn file_namespace_completes_by_polling() {
+    let (t, _dir) = file_target();
+    let mut h = Host::new(t);
     let (mut aq, cntlid) = h.admin();
     let mut q = h.io_queue(1, cntlid);
     let mut data: Vec<u8> = (0..8192).map(|i| (i % 241) as u8).collect();
@@ -1266,7 +1279,9 @@ fn file_namespace_completes_by_polling() {
     assert!(back[..4096].iter().all(|b| *b == 0x5A));
     assert_eq!(h.io.counters().snapshot().writes, 2);
     assert_eq!(q.counters().snapshot().in_flight, 0);
-    // Shutdown flushes the file (volatile cache): Occurring until the flush is reaped.
+    // The I/O queue goes first, as Linux tears it down; then the shutdown flushes the file
+    // (volatile cache) at once: Occurring until the flush is reaped.
+    drop(q);
     let cc = Cc {
         shn: ShutdownNotification::Normal,
         ..Cc::enabled_nvm()
@@ -1284,6 +1299,59 @@ fn file_namespace_completes_by_polling() {
         Csts::from_u32(h.prop_get(&mut aq, PropertyOffset::Csts).dw0).shst,
         ShutdownStatus::Complete
     );
+}
+
+/// A shutdown notified with an I/O queue still connected (Linux tears its down first; another
+/// host may not): the queue goes and executes nothing more, no I/O queue connects and only
+/// Fabrics commands run on the admin queue; the flush starts once the queue has closed (so it
+/// covers every write the queue completed), and a second notification meanwhile joins it.
+#[test]
+fn shutdown_ends_the_io_queues_then_flushes() {
+    let (t, _dir) = file_target();
+    let mut h = Host::new(t);
+    let (mut aq, cntlid) = h.admin();
+    let mut q = h.io_queue(1, cntlid);
+    let mut block = vec![7u8; 4096];
+    assert!(h.succeeds(&mut q, rw(0x01, 1, 0, 1), &mut block));
+    let shutdown = Cc {
+        shn: ShutdownNotification::Normal,
+        ..Cc::enabled_nvm()
+    };
+    let shst = |h: &mut Host, aq: &mut Queue| {
+        Csts::from_u32(h.prop_get(aq, PropertyOffset::Csts).dw0).shst
+    };
+    assert!(h.set_cc(&mut aq, shutdown).status.is_success());
+    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Occurring);
+    assert!(q.should_disconnect());
+    assert_eq!(
+        generic(&h.exec(&mut q, rw(0x01, 1, 0, 1), &mut block)),
+        Some(GenericStatus::AbortedSqDeletion)
+    );
+    let mut q2 = h.queue();
+    assert_eq!(
+        generic(&h.connect(&mut q2, 2, 127, cntlid, SUBNQN, HOST)),
+        Some(GenericStatus::CommandSequenceError)
+    );
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x0A, 0, 0x06, 0), &mut [])),
+        Some(GenericStatus::CommandSequenceError)
+    );
+    // Nothing flushes while the queue is connected.
+    assert_eq!(aq.poll_events(&mut h.io, &mut |_, c| panic!("{c:?}")), 0);
+    assert_eq!(h.io.in_flight(), 0);
+    // It closes (its in-flight I/O ended): the admin queue's next poll starts the flush.
+    drop(q);
+    assert_eq!(aq.poll_events(&mut h.io, &mut |_, c| panic!("{c:?}")), 0);
+    assert_eq!(h.io.in_flight(), 1);
+    // Withdrawn and notified again while the flush runs: no second flush.
+    assert!(h.set_cc(&mut aq, Cc::enabled_nvm()).status.is_success());
+    assert!(h.set_cc(&mut aq, shutdown).status.is_success());
+    assert_eq!(h.io.in_flight(), 1);
+    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Occurring);
+    while h.io.in_flight() > 0 {
+        h.io.poll(&mut |_, c| panic!("a shutdown flush surfaced as a CQE: {c:?}"));
+    }
+    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Complete);
 }
 
 #[test]
@@ -1644,7 +1712,7 @@ fn a_controller_reset_rearms_the_namespace_notice() {
         Exec::Pending
     );
     h.target.add_namespace(SUBNQN, 5, "spare").unwrap();
-    assert_eq!(aq.poll_events(&mut |_, _| {}), 1);
+    assert_eq!(aq.poll_events(&mut h.io, &mut |_, _| {}), 1);
     // Reset: CC.EN 1 -> 0 -> 1 (no I/O queue, so ready again at once).
     for en in [false, true] {
         let cc = Cc {
@@ -1661,6 +1729,9 @@ fn a_controller_reset_rearms_the_namespace_notice() {
     );
     h.target.remove_namespace(SUBNQN, 5).unwrap();
     let mut got = vec![];
-    assert_eq!(aq.poll_events(&mut |tag, c| got.push((tag, c.cid))), 1);
+    assert_eq!(
+        aq.poll_events(&mut h.io, &mut |tag, c| got.push((tag, c.cid))),
+        1
+    );
     assert_eq!(got, vec![(2, 78)]);
 }

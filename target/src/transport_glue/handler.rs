@@ -792,7 +792,7 @@ impl Handler<Command> for NvmeHandler {
         for (_, slot) in self.queues.iter_mut() {
             if slot.queue.qid() == Some(0) && !slot.gone {
                 slot.queue
-                    .poll_events(&mut |tag, cqe| done.push((tag, cqe)));
+                    .poll_events(&mut self.io, &mut |tag, cqe| done.push((tag, cqe)));
             }
         }
         // Controllers torn down (keep-alive expiry, admin queue gone) and Disconnect graces.
