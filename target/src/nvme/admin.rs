@@ -337,8 +337,8 @@ impl Queue {
                 if n.validate_request().is_err() {
                     return self.error(sqe, INVALID_FIELD);
                 }
-                // Fixed once I/O queues exist.
-                if !s.io_qids.is_empty() {
+                // Fixed once I/O queues exist (a reset's closing ones aside).
+                if s.io_queues_under(c.epoch()) {
                     return self.error(sqe, SEQUENCE_ERROR);
                 }
                 let want = n.nsq.min(n.ncq).saturating_add(1);

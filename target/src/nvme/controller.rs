@@ -60,6 +60,14 @@ pub struct AbortRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AerLimitExceeded;
 
+/// A connected I/O queue: its id, and the epoch it connected under. After a reset a queue of
+/// the old epoch may still be closing while the host connects the same QID again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoQueueId {
+    pub qid: u16,
+    pub epoch: u32,
+}
+
 /// Where a shutdown (CC.SHN) is. See the module documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShutdownPhase {
@@ -112,8 +120,9 @@ pub struct State {
     pub last_keep_alive: Instant,
     /// I/O queues granted by Set Features Number of Queues (count, not 0's based).
     pub io_queues_granted: Option<u16>,
-    /// Connected I/O queue ids.
-    pub io_qids: Vec<u16>,
+    /// Connected I/O queues, the closing ones of older epochs included (a QID counts as taken
+    /// only under the current epoch: [`State::io_queue_taken`]).
+    pub io_queues: Vec<IoQueueId>,
     /// Asynchronous Event Configuration.
     pub aec: AsyncEventConfig,
     /// Arbitration (stored, not enforced: fabrics queues are served round robin).
@@ -151,6 +160,16 @@ pub struct State {
 }
 
 impl State {
+    /// Whether I/O queue `qid` is connected under `epoch` (the controller's current one).
+    pub fn io_queue_taken(&self, qid: u16, epoch: u32) -> bool {
+        self.io_queues.contains(&IoQueueId { qid, epoch })
+    }
+
+    /// Whether any I/O queue is connected under `epoch`.
+    pub fn io_queues_under(&self, epoch: u32) -> bool {
+        self.io_queues.iter().any(|q| q.epoch == epoch)
+    }
+
     /// Enabled, ready, and no shutdown notified since: what commands other than Fabrics
     /// commands, and the Connect of an I/O queue, need.
     pub fn accepts_commands(&self) -> bool {
@@ -200,7 +219,7 @@ impl Controller {
                 kato_ms,
                 last_keep_alive: now,
                 io_queues_granted: None,
-                io_qids: Vec::new(),
+                io_queues: Vec::new(),
                 aec: AsyncEventConfig::default(),
                 arbitration: Arbitration::default(),
                 power: PowerManagement::default(),
@@ -273,14 +292,15 @@ impl Controller {
         self.write_cache.store(enabled, Ordering::Release);
     }
 
-    /// I/O queue `qid`, counting into `counters`, closed: its id is free again; the last one to
-    /// close after a reset completes the reset (CSTS.RDY = 0). Its counters go into the closed
-    /// queues' total: kept per queue, a host connecting and disconnecting I/O queues in a loop
-    /// grew the list (and its reactor's table, which keeps what the controller holds) for the
-    /// controller's life.
-    pub fn io_queue_closed(&self, qid: u16, counters: &Arc<IoCounters>) {
+    /// I/O queue `queue`, counting into `counters`, closed (nothing of it in flight any more):
+    /// its id is free again; the last one to close after a reset completes the reset
+    /// (CSTS.RDY = 0). Its counters go into the closed queues' total: kept per queue, a host
+    /// connecting and disconnecting I/O queues in a loop grew the list (and its reactor's
+    /// table, which keeps what the controller holds) for the controller's life.
+    pub fn io_queue_closed(&self, queue: IoQueueId, counters: &Arc<IoCounters>) {
         let mut s = self.state();
-        s.io_qids.retain(|q| *q != qid);
+        let qid = queue.qid;
+        s.io_queues.retain(|q| *q != queue);
         if let Some(i) = s.counters.iter().position(|c| Arc::ptr_eq(c, counters)) {
             let mut gone = s.counters.swap_remove(i).snapshot();
             // What it had in flight ends with it (its reactor still counts the completions).
@@ -302,11 +322,11 @@ impl Controller {
         if answered {
             self.aborts_answered.store(true, Ordering::Release);
         }
-        if s.resetting && s.io_qids.is_empty() {
+        if s.resetting && s.io_queues.is_empty() {
             s.resetting = false;
             s.csts.rdy = false;
         }
-        if s.shutdown == ShutdownPhase::WaitingForQueues && s.io_qids.is_empty() {
+        if s.shutdown == ShutdownPhase::WaitingForQueues && s.io_queues.is_empty() {
             s.shutdown = ShutdownPhase::FlushDue;
             self.shutdown_flush_due.store(true, Ordering::Release);
         }
@@ -402,7 +422,7 @@ impl Controller {
             // controller is not ready once its I/O queues have closed.
             self.epoch.fetch_add(1, Ordering::AcqRel);
             s.csts.cfs = false;
-            if s.io_qids.is_empty() {
+            if s.io_queues.is_empty() {
                 s.csts.rdy = false;
             } else {
                 s.resetting = true;
@@ -425,7 +445,7 @@ impl Controller {
             return Ok(false);
         }
         s.csts.shst = ShutdownStatus::Occurring;
-        if s.io_qids.is_empty() {
+        if s.io_queues.is_empty() {
             return Ok(true);
         }
         // The I/O queues go first, as in a reset, and the flush follows the last of them.
@@ -520,7 +540,7 @@ impl Controller {
     /// queue. False (decline at once) when no such I/O queue is connected.
     pub fn request_abort(&self, sqid: u16, cid: u16, abort_cid: u16) -> bool {
         let mut s = self.state();
-        if !s.io_qids.contains(&sqid) {
+        if !s.io_queue_taken(sqid, self.epoch()) {
             return false;
         }
         s.aborts.push(AbortRequest {

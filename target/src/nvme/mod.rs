@@ -68,7 +68,7 @@ mod tests;
 #[doc(hidden)]
 pub mod fuzzing;
 
-pub use controller::{AERL, Controller, ERROR_LOG_ENTRIES, cap};
+pub use controller::{AERL, Controller, ERROR_LOG_ENTRIES, IoQueueId, ShutdownPhase, cap};
 pub use counters::{IoCounters, IoSnapshot};
 pub use io::ReactorIo;
 pub use queue::{Queue, QueueState};

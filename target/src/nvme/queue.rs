@@ -21,7 +21,7 @@ use nvmf_protocol::{Cqe, DISCOVERY_NQN, FabricsType, Sqe, Status};
 use crate::bdev::{BlockRange, IoBuf};
 
 use super::Exec;
-use super::controller::Controller;
+use super::controller::{Controller, IoQueueId};
 use super::counters::IoCounters;
 use super::io::{NsIo, ReactorIo};
 use super::status::*;
@@ -44,6 +44,13 @@ pub enum QueueState {
         /// The controller's reset epoch when this queue connected: an I/O queue of an older
         /// epoch was reset away and must go.
         epoch: u32,
+    },
+    /// The host disconnected this I/O queue (Fabrics Disconnect): it executes nothing more,
+    /// and its QID goes back to `controller` when the transport drops the queue, after its
+    /// in-flight I/O ended (a new queue of that QID must not overlap it).
+    Disconnected {
+        controller: Arc<Controller>,
+        queue: IoQueueId,
     },
     /// Disconnected; the transport should drop the qpair.
     Closed,
@@ -137,7 +144,7 @@ impl Queue {
     /// controller was torn down.
     pub fn should_disconnect(&self) -> bool {
         match &self.state {
-            QueueState::Closed => true,
+            QueueState::Closed | QueueState::Disconnected { .. } => true,
             QueueState::Bound {
                 controller,
                 qid,
@@ -204,7 +211,9 @@ impl Queue {
                     Exec::Done(self.error(sqe, SEQUENCE_ERROR))
                 }
             }
-            QueueState::Closed => Exec::Done(self.error(sqe, SEQUENCE_ERROR)),
+            QueueState::Closed | QueueState::Disconnected { .. } => {
+                Exec::Done(self.error(sqe, SEQUENCE_ERROR))
+            }
             QueueState::Bound {
                 controller,
                 qid,
@@ -439,13 +448,16 @@ impl Queue {
                     return self.connect_error(sqe, SEQUENCE_ERROR, None);
                 }
                 let granted = s.io_queues_granted.unwrap_or(limits.max_io_queues);
-                if cmd.qid > granted || s.io_qids.contains(&cmd.qid) {
+                // Read under the state lock, which a reset holds while it moves the epoch on.
+                let epoch = c.epoch();
+                if cmd.qid > granted || s.io_queue_taken(cmd.qid, epoch) {
                     drop(s);
                     return self.invalid(sqe, ConnectInvalidParameter::QID);
                 }
-                s.io_qids.push(cmd.qid);
-                // Read under the state lock, which a reset holds while it moves the epoch on.
-                let epoch = c.epoch();
+                s.io_queues.push(IoQueueId {
+                    qid: cmd.qid,
+                    epoch,
+                });
                 drop(s);
                 (c, epoch)
             }
@@ -506,7 +518,7 @@ impl Queue {
             }
             FabricsType::Disconnect => {
                 let cqe = self.success(sqe, 0);
-                self.close();
+                self.disconnect();
                 Exec::Done(cqe)
             }
             FabricsType::Connect => Exec::Done(self.error(sqe, SEQUENCE_ERROR)),
@@ -533,19 +545,49 @@ impl Queue {
         controller.shutdown_flushes(queued);
     }
 
-    /// Leave the controller: an I/O queue frees its queue id, an admin queue tears the
-    /// controller down (its I/O queues then disconnect).
+    /// Fabrics Disconnect: an admin queue tears the controller down at once (its I/O queues
+    /// then disconnect); an I/O queue stops executing and keeps its QID until it is dropped.
+    fn disconnect(&mut self) {
+        match std::mem::replace(&mut self.state, QueueState::Closed) {
+            QueueState::Bound {
+                controller,
+                qid,
+                epoch,
+                ..
+            } if qid != 0 => {
+                self.state = QueueState::Disconnected {
+                    controller,
+                    queue: IoQueueId { qid, epoch },
+                };
+            }
+            other => {
+                self.state = other;
+                self.close();
+            }
+        }
+    }
+
+    /// Leave the controller (the transport dropped the queue, its in-flight I/O ended): an I/O
+    /// queue frees its queue id, an admin queue tears the controller down (its I/O queues then
+    /// disconnect).
     pub fn close(&mut self) {
-        if let QueueState::Bound {
-            controller, qid, ..
-        } = std::mem::replace(&mut self.state, QueueState::Closed)
-        {
-            if qid == 0 {
+        match std::mem::replace(&mut self.state, QueueState::Closed) {
+            QueueState::Bound {
+                controller, qid: 0, ..
+            } => {
                 self.target
                     .remove_controller(controller.cntlid, "admin queue disconnected");
-            } else {
-                controller.io_queue_closed(qid, &self.counters);
             }
+            QueueState::Bound {
+                controller,
+                qid,
+                epoch,
+                ..
+            } => controller.io_queue_closed(IoQueueId { qid, epoch }, &self.counters),
+            QueueState::Disconnected { controller, queue } => {
+                controller.io_queue_closed(queue, &self.counters);
+            }
+            QueueState::Unbound | QueueState::Closed => {}
         }
     }
 

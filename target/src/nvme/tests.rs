@@ -566,6 +566,8 @@ fn bring_up_identify_features_and_io() {
     let disc = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);
     assert!(h.exec(&mut q, disc, &mut []).status.is_success());
     assert!(q.should_disconnect());
+    // The transport drops it; only then is it gone from the controller.
+    drop(q);
     let cc = Cc {
         shn: ShutdownNotification::Normal,
         ..Cc::enabled_nvm()
@@ -1734,4 +1736,70 @@ fn a_controller_reset_rearms_the_namespace_notice() {
         1
     );
     assert_eq!(got, vec![(2, 78)]);
+}
+
+/// A Disconnect on an I/O queue with a write in flight: the queue executes nothing more, and
+/// its QID stays taken until the transport drops it (its I/O ended); a new queue of that QID
+/// could otherwise run beside the old one's late write.
+#[test]
+fn a_disconnected_io_queue_keeps_its_qid_until_dropped() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let open = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(crate::bdev::gate::GateBdev::new(
+        "g0",
+        1 << 12,
+        open.clone(),
+    ));
+    let mut h = Host::new(target_with(vec![("g0", gate)]));
+    let (_aq, cntlid) = h.admin();
+    let mut q = h.io_queue(1, cntlid);
+    let mut block = vec![3u8; 512];
+    let mut segments = [&mut block[..]];
+    let mut buf = IoBuf::new(&mut segments);
+    let mut write = rw(0x01, 1, 0, 1);
+    write.cid = 500;
+    assert_eq!(
+        q.execute(&mut h.io, &write, &mut buf, 77, || h.now),
+        Exec::Pending
+    );
+    let disconnect = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);
+    assert!(h.succeeds(&mut q, disconnect, &mut []));
+    assert!(q.should_disconnect());
+    assert_eq!(
+        generic(&h.exec(&mut q, rw(0x02, 1, 0, 1), &mut [0u8; 512])),
+        Some(GenericStatus::CommandSequenceError)
+    );
+    let mut again = h.queue();
+    let c = h.connect(&mut again, 1, 127, cntlid, SUBNQN, HOST);
+    assert_eq!(fabrics_status(&c), FabricsStatus::InvalidParameters);
+    open.store(true, Ordering::Release);
+    let mut answered = None;
+    while answered.is_none() {
+        h.io.poll(&mut |tag, cqe| answered = Some((tag, cqe.status.is_success())));
+    }
+    assert_eq!(answered, Some((77, true)));
+    drop(q);
+    let c = h.connect(&mut again, 1, 127, cntlid, SUBNQN, HOST);
+    assert!(c.status.is_success(), "{c:?}");
+}
+
+/// CC.EN 1 -> 0 -> 1 while an I/O queue of before the reset is still closing: the host may
+/// connect that QID again (and set the number of queues) at once, and the old queue closing
+/// later frees only its own entry.
+#[test]
+fn a_reset_queue_still_closing_does_not_hold_its_qid() {
+    let mut h = Host::new(target(true));
+    let (mut aq, cntlid) = h.admin();
+    let old = h.io_queue(1, cntlid);
+    assert!(h.set_cc(&mut aq, Cc::default()).status.is_success());
+    assert!(old.should_disconnect());
+    assert!(h.set_cc(&mut aq, Cc::enabled_nvm()).status.is_success());
+    // Number of Queues: 2 (0's based 1).
+    assert!(h.succeeds(&mut aq, admin_cmd(0x09, 0, 0x07, 0x0001_0001), &mut []));
+    let mut new = h.io_queue(1, cntlid);
+    drop(old);
+    let mut twin = h.queue();
+    let c = h.connect(&mut twin, 1, 127, cntlid, SUBNQN, HOST);
+    assert_eq!(fabrics_status(&c), FabricsStatus::InvalidParameters);
+    assert!(h.succeeds(&mut new, rw(0x02, 1, 0, 1), &mut [0u8; 512]));
 }

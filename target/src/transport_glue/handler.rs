@@ -624,7 +624,10 @@ impl NvmeHandler {
         if slot.gone || slot.disconnecting || !slot.queue.should_disconnect() {
             return;
         }
-        if matches!(slot.queue.state(), QueueState::Closed) {
+        if matches!(
+            slot.queue.state(),
+            QueueState::Closed | QueueState::Disconnected { .. }
+        ) {
             // The clock only here: after a Disconnect command, never per I/O.
             let now = Instant::now();
             let at = *slot.disconnect_at.get_or_insert(now + DISCONNECT_GRACE);

@@ -118,7 +118,7 @@ impl Stats {
         for c in self.target.controllers() {
             let line = subsystems.entry(c.subnqn().to_owned()).or_default();
             line.controllers += 1;
-            line.qpairs += 1 + c.state().io_qids.len();
+            line.qpairs += 1 + c.state().io_queues.len();
             line.io += c.io_totals();
         }
         self.taken += 1;
