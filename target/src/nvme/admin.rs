@@ -20,7 +20,7 @@ use nvmf_protocol::{AdminOpcode, Cqe, FixedStr, Sqe};
 use crate::bdev::IoBuf;
 
 use super::Exec;
-use super::controller::{AERL, Controller, ERROR_LOG_ENTRIES};
+use super::controller::{ACL, AERL, Controller, ERROR_LOG_ENTRIES};
 use super::io::ReactorIo;
 use super::queue::Queue;
 use super::status::*;
@@ -197,7 +197,7 @@ impl Queue {
             ver: Vs::V1_3.to_u32(),
             oaes: if sub.is_some() { OAES_NS_ATTRIBUTE } else { 0 },
             cntrltype: if sub.is_some() { 1 } else { 2 },
-            acl: 3,
+            acl: ACL,
             aerl: AERL,
             lpa: LPA_EXTENDED,
             elpe: (ERROR_LOG_ENTRIES - 1) as u8,
@@ -324,7 +324,7 @@ impl Queue {
         let mut s = c.state();
         let result = match feature {
             Feature::KeepAliveTimer(k) => {
-                s.kato_ms = k.kato_ms;
+                s.kato_ms = self.target.limits().round_kato(k.kato_ms);
                 s.last_keep_alive = now;
                 0
             }
@@ -449,6 +449,10 @@ impl Queue {
     fn abort(&mut self, c: &Controller, sqe: &Sqe, tag: u64) -> Exec {
         let sqid = (sqe.cdw10 & 0xFFFF) as u16;
         let cid = (sqe.cdw10 >> 16) as u16;
+        // The limit Identify states (ACL): Aborts waiting for their victim's queue count.
+        if self.abort_tags.len() > usize::from(ACL) {
+            return Exec::Done(self.error(sqe, ABORT_LIMIT_EXCEEDED));
+        }
         if sqid != 0 && c.request_abort(sqid, cid, sqe.cid) {
             self.abort_tags.push((sqe.cid, tag));
             return Exec::Pending;

@@ -41,6 +41,8 @@ use super::target::Limits;
 
 /// Asynchronous Event Request Limit (AERL, 0's based): 4 outstanding.
 pub const AERL: u8 = 3;
+/// Abort Command Limit (ACL, 0's based): 4 Abort commands outstanding.
+pub const ACL: u8 = 3;
 /// Error log entries kept (ELPE, 0's based, is this minus one).
 pub const ERROR_LOG_ENTRIES: usize = 16;
 /// Changed Namespace List entries kept before it reports overflow.

@@ -31,6 +31,10 @@ pub const FEATURE_NOT_SAVEABLE: Status =
 /// Asynchronous Event Request Limit Exceeded (DNR).
 pub const AER_LIMIT_EXCEEDED: Status =
     Status::command_specific(CommandSpecificStatus::AsyncEventRequestLimitExceeded).with_dnr();
+/// Abort Command Limit Exceeded (more Aborts outstanding than ACL + 1; DNR, as nvmet sets it
+/// on its command-specific statuses).
+pub const ABORT_LIMIT_EXCEEDED: Status =
+    Status::command_specific(CommandSpecificStatus::AbortCommandLimitExceeded).with_dnr();
 /// Compare Failure.
 pub const COMPARE_FAILURE: Status = Status::new(nvmf_protocol::StatusCode::Media(
     MediaStatus::CompareFailure,

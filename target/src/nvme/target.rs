@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nvmf_protocol::FixedStr;
 use nvmf_protocol::log::{
@@ -41,10 +41,28 @@ pub struct Limits {
     pub max_io_size: u32,
     /// Most I/O queues a controller may have.
     pub max_io_queues: u16,
-    /// Keep Alive granularity reported in KAS (100 ms units).
+    /// Keep Alive granularity reported in KAS (100 ms units): the keep-alive sweep's period,
+    /// and KATO is rounded up to a multiple of it ([`Limits::round_kato`]).
     pub kas: u16,
     /// Most descriptors of a multi-descriptor SGL (MSDBD).
     pub msdbd: u8,
+}
+
+impl Limits {
+    /// The keep-alive granularity KAS states.
+    pub fn keep_alive_granularity(&self) -> Duration {
+        Duration::from_millis(u64::from(self.kas) * 100)
+    }
+
+    /// A host's KATO in ms rounded up to a multiple of KAS, as the controller applies it (and
+    /// Get Features reports it); 0 (disabled) stays 0.
+    pub fn round_kato(&self, kato_ms: u32) -> u32 {
+        let unit = u32::from(self.kas) * 100;
+        if unit == 0 {
+            return kato_ms;
+        }
+        kato_ms.div_ceil(unit).saturating_mul(unit)
+    }
 }
 
 impl Default for Limits {
@@ -55,7 +73,8 @@ impl Default for Limits {
             in_capsule_data_size: 4096,
             max_io_size: 131_072,
             max_io_queues: 64,
-            kas: 100,
+            // 500 ms: the sweep nvmf-tgt runs (it said 10 s while expiry followed the sweep).
+            kas: 5,
             msdbd: 16,
         }
     }
@@ -299,7 +318,7 @@ impl Target {
         let kato_ms = if subsystem.is_none() && kato_ms == 0 {
             DISCOVERY_KATO_MS
         } else {
-            kato_ms
+            self.limits.round_kato(kato_ms)
         };
         let mut ctrls = lock(&self.controllers);
         let mut next = lock(&self.next_cntlid);

@@ -313,7 +313,7 @@ fn bring_up_identify_features_and_io() {
     assert_eq!(id.iorcsz, 1);
     assert_eq!(id.icdoff, 0);
     assert_eq!(id.msdbd, 16);
-    assert_eq!(id.kas, 100);
+    assert_eq!(id.kas, 5);
     assert_eq!(id.subnqn.as_str(), SUBNQN);
     assert_eq!(id.nn, 16);
     assert_eq!((id.sqes, id.cqes), (0x66, 0x44));
@@ -1802,4 +1802,62 @@ fn a_reset_queue_still_closing_does_not_hold_its_qid() {
     let c = h.connect(&mut twin, 1, 127, cntlid, SUBNQN, HOST);
     assert_eq!(fabrics_status(&c), FabricsStatus::InvalidParameters);
     assert!(h.succeeds(&mut new, rw(0x02, 1, 0, 1), &mut [0u8; 512]));
+}
+
+/// KAS states the keep-alive sweep's 500 ms, and KATO (Connect's, Set Features') is rounded up
+/// to a multiple of it, as Get Features then reports.
+#[test]
+fn kato_is_rounded_up_to_the_stated_granularity() {
+    let mut h = Host::new(target(true));
+    let mut aq = h.queue();
+    let c = h.connect_kato(&mut aq, (0, 31, CNTLID_DYNAMIC), SUBNQN, HOST, 1_200);
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(h.set_cc(&mut aq, Cc::enabled_nvm()).status.is_success());
+    let kato = |h: &mut Host, aq: &mut Queue| h.exec(aq, admin_cmd(0x0A, 0, 0x0F, 0), &mut []).dw0;
+    assert_eq!(kato(&mut h, &mut aq), 1_500);
+    for (asked, applied) in [(2_001, 2_500), (3_000, 3_000), (0, 0), (1, 500)] {
+        assert!(h.succeeds(&mut aq, admin_cmd(0x09, 0, 0x0F, asked), &mut []));
+        assert_eq!(kato(&mut h, &mut aq), applied, "asked {asked}");
+    }
+}
+
+/// At most ACL + 1 Abort commands wait for their victims' queues; one more is Abort Command
+/// Limit Exceeded, and room comes back as they are answered.
+#[test]
+fn aborts_beyond_the_stated_limit_are_refused() {
+    let mut h = Host::new(target(true));
+    let (mut aq, cntlid) = h.admin();
+    let q = h.io_queue(1, cntlid);
+    let mut none: [&mut [u8]; 0] = [];
+    let mut abort = |h: &mut Host, aq: &mut Queue, cid: u16| {
+        let mut sqe = admin_cmd(0x08, 0, 1 | (u32::from(cid) << 16), 0);
+        sqe.cid = 900 + cid;
+        let mut buf = IoBuf::new(&mut none);
+        aq.execute(&mut h.io, &sqe, &mut buf, 5000 + u64::from(cid), || h.now)
+    };
+    for victim in 0..=u16::from(crate::nvme::controller::ACL) {
+        assert_eq!(abort(&mut h, &mut aq, victim), Exec::Pending);
+    }
+    match abort(&mut h, &mut aq, 50) {
+        Exec::Done(cqe) => assert_eq!(
+            cqe.status,
+            crate::nvme::status::ABORT_LIMIT_EXCEEDED,
+            "{cqe:?}"
+        ),
+        Exec::Pending => panic!("a fifth Abort waits too"),
+    }
+    // The victims' queue declines them all (none is waiting there).
+    let mut asked = vec![];
+    q.take_aborts(&mut |_, abort_cid| asked.push(abort_cid));
+    assert_eq!(asked.len(), usize::from(crate::nvme::controller::ACL) + 1);
+    for abort_cid in asked {
+        q.answer_abort(abort_cid, false);
+    }
+    let mut answered = 0;
+    aq.poll_events(&mut h.io, &mut |_, cqe| {
+        assert_eq!(cqe.dw0 & 1, 1, "not aborted");
+        answered += 1;
+    });
+    assert_eq!(answered, 4);
+    assert_eq!(abort(&mut h, &mut aq, 60), Exec::Pending);
 }

@@ -24,8 +24,6 @@ use std::net::{IpAddr, SocketAddr};
 
 use crate::stats::Stats;
 
-/// How often reactor 0 sweeps for expired keep-alive timers.
-const KEEP_ALIVE_SWEEP: Duration = Duration::from_millis(500);
 /// How often the main thread looks at signals.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
@@ -208,10 +206,12 @@ pub fn run(config: &Config) -> Result<()> {
         .collect();
     let mut stats = Stats::new(target.clone());
     {
+        // Reactor 0 sweeps for expired keep-alive timers as often as KAS says it does.
+        let sweep = target.limits().keep_alive_granularity();
         let target = target.clone();
         runtime.reactors()[0]
             .send(move |r| {
-                r.add_timer(KEEP_ALIVE_SWEEP, Some(KEEP_ALIVE_SWEEP), move |r| {
+                r.add_timer(sweep, Some(sweep), move |r| {
                     target.reap_expired(r.now());
                 });
             })
