@@ -5,7 +5,8 @@
 # reconnect.rs); nvmf write-zeroes, dsm and flush on a file and a malloc namespace
 # (block_commands.rs); nvmf-perf --per-io-keys counting the keys the host invalidated itself
 # against an nvmf-tgt with remote_invalidate = false, and none against the default
-# (per_io_keys.rs); nvmf show-regs reading nvmf-tgt's properties (registers.rs). They start
+# (per_io_keys.rs); nvmf show-regs reading nvmf-tgt's properties (registers.rs); nvmf get-feature
+# of the Host Identifier with its 16 bytes of data, set-feature of it refused (features.rs). They start
 # the built binaries, which a test of another package cannot name, so they are #[ignore]d in a
 # plain `cargo test` and run here after building them fresh.
 # scripts/test.sh calls this; it also runs on its own.

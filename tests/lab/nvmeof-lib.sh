@@ -151,6 +151,14 @@ fw_log_and_write_cache() {
     [ -n "$got" ] && [ $((got)) -eq $v ] || return
   done
 }
+# Get Features Host Identifier (0x81, EXHID): the 16 bytes nvme connect gave as --hostid.
+host_identifier() {
+  local got want
+  got=$(nvme get-feature "$CTRL" -f 0x81 --cdw11=1 -l 16 -b | od -An -tx1 | tr -d ' \n') || return
+  want=${HOST_ID//-/}
+  echo "host identifier read back $got, connected as $want"
+  [ "$got" = "$want" ]
+}
 fio_verify() {   # fio_verify DEV: written data reads back intact (random 4 KiB at QD 32, sequential 128 KiB)
   timeout 600 fio --ioengine=libaio --direct=1 --filename="$1" --verify=crc32c --verify_fatal=1 \
     --name=rand4k --rw=randwrite --bs=4k --iodepth=32 --offset=0 --size=32M \
@@ -211,6 +219,7 @@ kernel_host_checks() {
   check "nvme discover: $who reports $NQN over rdma at $IP:$PORT" discover
   check "nvme connect as $HOST_NQN to $who" host_connect
   check "nvme id-ctrl / id-ns: subnqn $NQN, 256 MiB in 512 B blocks" identify
+  check "nvme get-feature 0x81: the host identifier nvme connect gave, 16 bytes of data" host_identifier
   [ "$who" != nvmf-tgt ] ||
     check "nvme fw-log: slot 1 holds nvmf-tgt's version; set-feature 6: the write cache off and on again" fw_log_and_write_cache
   check "fio write + crc32c verify (4 KiB random QD32, 128 KiB sequential)" fio_verify "$DEV"

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Suite `kernel-target` (guest): nvmf-rs's host side against the Linux kernel's target
-# (nvmet-rdma) over rxe0: nvmf discover, identify and show-regs, a write and read back through a shared
+# (nvmet-rdma) over rxe0: nvmf discover, identify, show-regs and the host identifier feature's
+# data, a write and read back through a shared
 # queue data region, write-zeroes, dsm and flush, then nvmf-perf with --verify on 4 qpairs, and
 # with per-I/O keys (memory windows); afterwards no qpair is left on either side.
 SUITE=kernel-target
@@ -24,6 +25,15 @@ nvmf_show_regs() {
   [ "${PIPESTATUS[0]}" -eq 0 ] && grep -q "^version : " "$log" &&
     grep -q "Enable (EN): 1$" "$log" && grep -q "Ready (RDY): 1$" "$log" &&
     grep -q "Controller Fatal Status (CFS): 0$" "$log"
+}
+# Get Features Host Identifier with its 16 bytes of data over real verbs: nvmet returns the
+# identifier this host connected with.
+nvmf_host_identifier() {
+  local log="$LOGS/nvmf-host-identifier.log" id=0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0
+  timeout 60 "$NVMF_BIN" -a "$IP" -s $PORT -n "$NQN" --hostid "$id" \
+    get-feature -f 0x81 --cdw11 1 -l 16 | tee "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] &&
+    grep -q "^0000: 0f 1e 2d 3c 4b 5a 69 78 87 96 a5 b4 c3 d2 e1 f0" "$log"
 }
 # 2 MiB written and read back in 128 KiB commands through a 256 KiB shared data region (two
 # largest transfers in flight, by the region, not the queue depth), over real verbs.
@@ -77,6 +87,7 @@ check "nvmet-rdma serves $NQN (null_blk 256 MiB, 512 B, any host) on $IP:$PORT" 
 check "nvmf discover lists $NQN" nvmf_discover
 check "nvmf id-ctrl $NQN" nvmf_identify
 check "nvmf show-regs -H: CAP, VS, CC and CSTS read live, the controller enabled and ready" nvmf_show_regs
+check "nvmf get-feature 0x81 -l 16: nvmet returns the host identifier nvmf connected with" nvmf_host_identifier
 check "nvmf write + read back 2 MiB through a 256 KiB shared queue data region" nvmf_shared_region
 check "nvmf write-zeroes, dsm --ad and flush: exactly the named blocks read back as zeroes" nvmf_block_commands
 SKIP_REASON=

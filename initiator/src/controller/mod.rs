@@ -26,7 +26,7 @@ use nvmf_protocol::log::{DISCOVERY_RECORD_SIZE, DiscoveryLog, DiscoveryLogHeader
 use nvmf_protocol::properties::{Cap, PropertyOffset, Vs};
 use nvmf_protocol::{DISCOVERY_NQN, SglDescriptor};
 
-use crate::admin::{AdminQueue, Transfer};
+use crate::admin::{AdminQueue, DataPlacement, Transfer};
 use crate::clock::SharedClock;
 use crate::error::{Error, Result};
 use crate::io::{IoLimits, IoQueue};
@@ -520,6 +520,19 @@ impl<F: Fabric> Controller<F> {
 
     /// Get Features `fid` (current value); returns completion DW0.
     pub fn get_features(&mut self, fid: FeatureId, nsid: u32, cdw11: u32) -> Result<u32> {
+        Ok(self.get_features_data(fid, nsid, cdw11, 0)?.0)
+    }
+
+    /// Get Features `fid` (current value) of a feature that also returns a data buffer of
+    /// `data_len` bytes (Host Identifier's 16 with CDW11 EXHID, LBA Range Type's 4096; 0 for
+    /// none): completion DW0 and the data. At most [`ADMIN_SLOT`] bytes.
+    pub fn get_features_data(
+        &mut self,
+        fid: FeatureId,
+        nsid: u32,
+        cdw11: u32,
+        data_len: usize,
+    ) -> Result<(u32, Vec<u8>)> {
         let sqe = GetFeaturesCmd {
             cid: 0,
             nsid,
@@ -530,11 +543,13 @@ impl<F: Fabric> Controller<F> {
             sgl: SglDescriptor::NULL,
         }
         .to_sqe();
-        Ok(self
-            .admin_mut()?
-            .execute("Get Features", sqe, Transfer::None)?
-            .0
-            .dw0)
+        let transfer = if data_len == 0 {
+            Transfer::None
+        } else {
+            Transfer::ToHost(data_len)
+        };
+        let (cqe, data) = self.admin_mut()?.execute("Get Features", sqe, transfer)?;
+        Ok((cqe.dw0, data))
     }
 
     /// Set Features `fid` to `cdw11`; returns completion DW0.
@@ -544,6 +559,19 @@ impl<F: Fabric> Controller<F> {
         nsid: u32,
         cdw11: u32,
         save: bool,
+    ) -> Result<u32> {
+        self.set_features_data(fid, nsid, cdw11, save, &[])
+    }
+
+    /// Set Features `fid` to `cdw11` with a data buffer the feature takes (empty for none;
+    /// sent by keyed SGL, at most [`ADMIN_SLOT`] bytes); returns completion DW0.
+    pub fn set_features_data(
+        &mut self,
+        fid: FeatureId,
+        nsid: u32,
+        cdw11: u32,
+        save: bool,
+        data: &[u8],
     ) -> Result<u32> {
         let sqe = SetFeaturesCmd {
             cid: 0,
@@ -558,9 +586,14 @@ impl<F: Fabric> Controller<F> {
             sgl: SglDescriptor::NULL,
         }
         .to_sqe();
+        let transfer = if data.is_empty() {
+            Transfer::None
+        } else {
+            Transfer::FromHost(data, DataPlacement::Keyed)
+        };
         Ok(self
             .admin_mut()?
-            .execute("Set Features", sqe, Transfer::None)?
+            .execute("Set Features", sqe, transfer)?
             .0
             .dw0)
     }

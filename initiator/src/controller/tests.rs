@@ -333,6 +333,32 @@ fn discovery_log_with_more_than_1024_records_is_read_whole() {
     );
 }
 
+/// Features that carry a data buffer (Timestamp's 8 bytes here): Set Features sends it and
+/// Get Features brings it back.
+#[test]
+fn features_with_a_data_buffer_send_and_receive_it() {
+    let (_, c, _) = attach(LoopbackConfig::default(), |_| {});
+    let mut c = c.unwrap();
+    let stamp = 0x0123_4567_89ab_u64.to_le_bytes();
+    c.set_features_data(
+        nvmf_protocol::features::FeatureId::Timestamp,
+        0,
+        0,
+        false,
+        &stamp,
+    )
+    .unwrap();
+    let (_, back) = c
+        .get_features_data(
+            nvmf_protocol::features::FeatureId::Timestamp,
+            0,
+            0,
+            stamp.len(),
+        )
+        .unwrap();
+    assert_eq!(back, stamp);
+}
+
 #[test]
 fn duplicate_admin_completion_is_detected_as_stale() {
     let (target, c, _) = attach(LoopbackConfig::default(), |_| {});

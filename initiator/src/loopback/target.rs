@@ -162,6 +162,8 @@ struct FakeController {
     countdown: u32,
     granted_io_queues: u16,
     features: HashMap<u8, u32>,
+    /// Data buffers Set Features carried, by FID (Get Features returns them).
+    feature_data: HashMap<u8, Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -432,6 +434,15 @@ fn data_window(
     }
 }
 
+/// The length SGL1 describes (0 for none).
+fn sgl_length(c: &Capsule) -> usize {
+    match c.sqe.sgl1() {
+        Ok(SglDescriptor::KeyedDataBlock { length, .. }) => length.get() as usize,
+        Ok(SglDescriptor::DataBlockOffset { length, .. }) => length as usize,
+        _ => 0,
+    }
+}
+
 impl State {
     fn drop_all(&mut self) {
         self.epoch += 1;
@@ -505,6 +516,7 @@ impl State {
                             countdown: 0,
                             granted_io_queues: 0,
                             features: HashMap::new(),
+                            feature_data: HashMap::new(),
                         },
                     );
                     id
@@ -696,6 +708,11 @@ impl State {
                     FeatureId::Unknown(_) => Err(generic(GenericStatus::InvalidField)),
                     fid => {
                         ctrl.features.insert(fid.raw(), cmd.cdw11);
+                        let len = sgl_length(c);
+                        if len > 0 {
+                            let w = data_window(c, region.len(), len, true)?;
+                            ctrl.feature_data.insert(fid.raw(), region[w].to_vec());
+                        }
                         Ok((0, None))
                     }
                 }
@@ -707,11 +724,18 @@ impl State {
                 if let FeatureId::Unknown(_) = cmd.fid {
                     return Err(generic(GenericStatus::InvalidField));
                 }
-                let v = self.controllers[&cntlid]
-                    .features
-                    .get(&cmd.fid.raw())
-                    .copied()
-                    .unwrap_or(0);
+                let ctrl = &self.controllers[&cntlid];
+                let v = ctrl.features.get(&cmd.fid.raw()).copied().unwrap_or(0);
+                let len = sgl_length(c);
+                if len > 0 {
+                    let w = data_window(c, region.len(), len, false)?;
+                    let dest = &mut region[w];
+                    dest.fill(0);
+                    if let Some(d) = ctrl.feature_data.get(&cmd.fid.raw()) {
+                        let n = d.len().min(dest.len());
+                        dest[..n].copy_from_slice(&d[..n]);
+                    }
+                }
                 Ok((u64::from(v), None))
             }
             AdminOpcode::GetLogPage => {

@@ -39,6 +39,9 @@ const FIRMWARE_SLOT_LOG_SIZE: usize = 512;
 /// DLFEAT: Write Zeroes may deallocate (bit 3); deallocated blocks read as zeroes (001b).
 const DLFEAT: u8 = 0x09;
 
+/// Get Features Host Identifier's data: the 128-bit identifier.
+const HOST_IDENTIFIER_LEN: u64 = 16;
+
 /// Identify's FR and the firmware slot log's only slot: this build's version.
 fn firmware_revision() -> FixedStr<8> {
     FixedStr::new(env!("CARGO_PKG_VERSION"), "FR").unwrap_or(FixedStr::EMPTY)
@@ -64,12 +67,12 @@ impl Queue {
             return Exec::Done(self.error(sqe, SEQUENCE_ERROR));
         }
         let discovery = c.is_discovery();
-        // Of the commands served only Identify and Get Log Page move data (checked there): a
-        // buffer with any other would go back to the host unwritten.
+        // Of the commands served only Identify, Get Log Page and Get Features of the Host
+        // Identifier move data (checked there): a buffer with any other would go back to the
+        // host unwritten.
         let moves_nothing = matches!(
             op,
             AdminOpcode::SetFeatures
-                | AdminOpcode::GetFeatures
                 | AdminOpcode::KeepAlive
                 | AdminOpcode::AsyncEventRequest
                 | AdminOpcode::Abort
@@ -83,7 +86,7 @@ impl Queue {
             AdminOpcode::Identify => self.identify(c, sqe, data),
             AdminOpcode::GetLogPage => self.get_log_page(c, sqe, data),
             AdminOpcode::SetFeatures => self.set_features(c, sqe, now()),
-            AdminOpcode::GetFeatures => self.get_features(c, sqe),
+            AdminOpcode::GetFeatures => self.get_features(c, sqe, data),
             AdminOpcode::KeepAlive => {
                 c.keep_alive(now());
                 self.success(sqe, 0)
@@ -313,6 +316,10 @@ impl Queue {
             return self.error(sqe, INVALID_FIELD);
         };
         let discovery = c.is_discovery();
+        // Over fabrics the host identifier is Connect's to set (as nvmet answers).
+        if cmd.fid == FeatureId::HostIdentifier && !discovery {
+            return self.error(sqe, SEQUENCE_ERROR);
+        }
         // An unknown feature is Invalid Field whether or not it was asked to be saved.
         let Ok(feature) = Feature::decode(cmd.fid, cmd.cdw11) else {
             return self.error(sqe, INVALID_FIELD);
@@ -371,10 +378,19 @@ impl Queue {
         self.success(sqe, u64::from(result))
     }
 
-    fn get_features(&mut self, c: &Controller, sqe: &Sqe) -> Cqe {
+    fn get_features(&mut self, c: &Controller, sqe: &Sqe, data: &mut IoBuf<'_, '_>) -> Cqe {
         let Ok(cmd) = sqe.as_get_features() else {
             return self.error(sqe, INVALID_FIELD);
         };
+        // Only the Host Identifier's value comes as data: its 16 bytes.
+        let data_len = match (cmd.fid, cmd.sel) {
+            (_, FeatureSelect::SupportedCapabilities) => 0,
+            (FeatureId::HostIdentifier, _) => HOST_IDENTIFIER_LEN,
+            _ => 0,
+        };
+        if let Err(cqe) = self.data_length(sqe, data, data_len) {
+            return cqe;
+        }
         let max_queues = self.target.limits().max_io_queues;
         if cmd.sel == FeatureSelect::SupportedCapabilities {
             // Nothing saveable, nothing namespace specific; all changeable.
@@ -385,6 +401,8 @@ impl Queue {
                 | FeatureId::NumberOfQueues
                 | FeatureId::AsyncEventConfig
                 | FeatureId::KeepAliveTimer => self.success(sqe, 1 << 2),
+                // Set by Connect alone.
+                FeatureId::HostIdentifier if !c.is_discovery() => self.success(sqe, 0),
                 _ => self.error(sqe, INVALID_FIELD),
             };
         }
@@ -435,6 +453,15 @@ impl Queue {
                 s.power
             }
             .to_dword(),
+            FeatureId::HostIdentifier => {
+                // The 128-bit identifier Connect carried (EXHID = 1; a fabrics host has no
+                // 64-bit one), as nvmet serves it.
+                if cmd.cdw11 & 1 == 0 {
+                    return self.error(sqe, INVALID_FIELD);
+                }
+                data.fill_from(&c.hostid);
+                0
+            }
             _ => return self.error(sqe, INVALID_FIELD),
         };
         drop(s);

@@ -1861,3 +1861,35 @@ fn aborts_beyond_the_stated_limit_are_refused() {
     assert_eq!(answered, 4);
     assert_eq!(abort(&mut h, &mut aq, 60), Exec::Pending);
 }
+
+/// Get Features Host Identifier returns Connect's 128-bit identifier as 16 bytes of data
+/// (EXHID set), as nvmet serves it; Set Features of it is Connect's alone.
+#[test]
+fn host_identifier_feature() {
+    let mut h = Host::new(target(true));
+    let (mut aq, _) = h.admin();
+    let mut id = [0u8; 16];
+    let cqe = h.exec(&mut aq, admin_cmd(0x0A, 0, 0x81, 1), &mut id);
+    assert!(cqe.status.is_success(), "{cqe:?}");
+    assert_eq!(id, HOSTID);
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x0A, 0, 0x81, 0), &mut [0u8; 16])),
+        Some(GenericStatus::InvalidField)
+    );
+    for wrong in [0usize, 8, 4096] {
+        assert_eq!(
+            generic(&h.exec(&mut aq, admin_cmd(0x0A, 0, 0x81, 1), &mut vec![0u8; wrong])),
+            Some(GenericStatus::DataSglLengthInvalid),
+            "{wrong} bytes"
+        );
+    }
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x09, 0, 0x81, 1), &mut [])),
+        Some(GenericStatus::CommandSequenceError)
+    );
+    // Other features still move nothing.
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x0A, 0, 0x07, 0), &mut [0u8; 16])),
+        Some(GenericStatus::DataSglLengthInvalid)
+    );
+}

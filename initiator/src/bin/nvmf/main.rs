@@ -104,9 +104,13 @@ enum Command {
         /// Namespace id (0 for controller features).
         #[arg(short = 'N', long, default_value_t = 0)]
         nsid: u32,
-        /// CDW11 (feature specific).
+        /// CDW11 (feature specific; Host Identifier 0x81 needs 1, EXHID, for its 16 bytes).
         #[arg(long, default_value = "0", value_parser = parse_u32)]
         cdw11: u32,
+        /// Bytes of data the feature returns besides its value (Host Identifier: 16, LBA
+        /// Range Type: 4096; 0 for none), printed as a hex dump (like nvme-cli's -l).
+        #[arg(short = 'l', long, default_value_t = 0)]
+        data_len: usize,
     },
     /// Set a feature (like `nvme set-feature`).
     SetFeature {
@@ -122,6 +126,10 @@ enum Command {
         /// Make the value persist across resets.
         #[arg(long)]
         save: bool,
+        /// A file whose bytes the feature takes as its data buffer (Timestamp: 8 bytes; like
+        /// nvme-cli's -d); none by default.
+        #[arg(short = 'd', long)]
+        data: Option<std::path::PathBuf>,
     },
     /// Print the controller's properties CAP, VS, CC and CSTS, read now with Property Get (like
     /// `nvme show-regs` on a fabrics controller): hex values, decoded with -H.
@@ -285,6 +293,9 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
     // whose keep-alive nobody sends meanwhile (the target would give the controller up).
     let mut data_in = match &args.command {
         Command::Write(r) | Command::Compare(r) => Some(input(&r.data)?),
+        Command::SetFeature {
+            data: Some(path), ..
+        } => Some(input(&Some(path.clone()))?),
         _ => None,
     };
     let mut c = attach(fabric, args, &args.connect.subnqn)?;
@@ -403,16 +414,24 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
             feature_id,
             nsid,
             cdw11,
+            data_len,
         } => {
             let fid =
                 FeatureId::from_raw(u8::try_from(*feature_id).context("feature id is 8 bits")?);
-            let v = c.get_features(fid, *nsid, *cdw11)?;
+            let (v, data) = c.get_features_data(fid, *nsid, *cdw11, *data_len)?;
             if args.json {
-                print_json(
-                    serde_json::json!({"feature_id": feature_id, "name": format::feature_name(fid), "value": v}),
-                );
+                let mut out = serde_json::json!({"feature_id": feature_id, "name": format::feature_name(fid), "value": v});
+                if !data.is_empty() {
+                    out["data"] = serde_json::Value::from(
+                        data.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+                    );
+                }
+                print_json(out);
             } else {
                 println!("{}", format::feature_line(fid, v));
+                if !data.is_empty() {
+                    print!("{}", format::hexdump(&data));
+                }
             }
         }
         Command::SetFeature {
@@ -420,10 +439,16 @@ fn command<F: Fabric>(fabric: F, args: &Args) -> anyhow::Result<()> {
             value,
             nsid,
             save,
+            data,
         } => {
             let fid =
                 FeatureId::from_raw(u8::try_from(*feature_id).context("feature id is 8 bits")?);
-            let v = c.set_features(fid, *nsid, *value, *save)?;
+            let feature_data = if data.is_some() {
+                data_in.take().unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let v = c.set_features_data(fid, *nsid, *value, *save, &feature_data)?;
             println!(
                 "set-feature:{:#04x} ({}), value:{value:#010x}, cdw0:{v:#010x}",
                 fid.raw(),
