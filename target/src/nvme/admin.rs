@@ -62,7 +62,8 @@ impl Queue {
         now: impl FnOnce() -> Instant,
     ) -> Exec {
         let op = AdminOpcode::from_raw(sqe.opcode);
-        // Before CC.EN = 1 and CSTS.RDY = 1 only Fabrics commands are allowed.
+        // Before CC.EN = 1 and CSTS.RDY = 1, and after a shutdown notification until a reset,
+        // only Fabrics commands are allowed.
         if !c.is_ready() {
             return Exec::Done(self.error(sqe, SEQUENCE_ERROR));
         }

@@ -19,7 +19,8 @@
 //! flushed once the last of them has closed, so that the flush covers every write they
 //! completed, and CSTS.SHST turns Complete when the flushes have. From the notification on,
 //! only Fabrics commands execute and no I/O queue connects, until a controller reset (as in
-//! nvmet, where a shutdown drops CSTS.RDY).
+//! nvmet, where a shutdown drops CSTS.RDY). Enabling the controller again abandons a shutdown
+//! still under way: its flushes still count down, and a later shutdown waits for them too.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -51,8 +52,8 @@ const CHANGED_NS_MAX: usize = 1024;
 /// An Abort command on its way to the queue holding its victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AbortRequest {
-    /// The victim's queue and CID.
-    pub sqid: u16,
+    /// The victim's queue (its QID under the epoch the Abort arrived in) and CID.
+    pub queue: IoQueueId,
     pub cid: u16,
     /// The Abort command's own CID (on the admin queue).
     pub abort_cid: u16,
@@ -80,8 +81,8 @@ pub enum ShutdownPhase {
     WaitingForQueues,
     /// The last I/O queue closed: the admin queue's reactor starts the flushes.
     FlushDue,
-    /// Namespace flushes in flight.
-    Flushing { flushes: usize },
+    /// Its namespace flushes are in flight (`State::shutdown_flushes`).
+    Flushing,
 }
 
 /// One controller. See the module documentation.
@@ -159,6 +160,9 @@ pub struct State {
     pub error_count: u64,
     /// The shutdown under way, if any.
     pub shutdown: ShutdownPhase,
+    /// Shutdown flushes in flight, an abandoned shutdown's included (each completion counts
+    /// down once, whatever has happened since it started).
+    pub shutdown_flushes: usize,
 }
 
 impl State {
@@ -239,6 +243,7 @@ impl Controller {
                 errors: VecDeque::new(),
                 error_count: 0,
                 shutdown: ShutdownPhase::Idle,
+                shutdown_flushes: 0,
             }),
         }
     }
@@ -301,7 +306,6 @@ impl Controller {
     /// table, which keeps what the controller holds) for the controller's life.
     pub fn io_queue_closed(&self, queue: IoQueueId, counters: &Arc<IoCounters>) {
         let mut s = self.state();
-        let qid = queue.qid;
         s.io_queues.retain(|q| *q != queue);
         if let Some(i) = s.counters.iter().position(|c| Arc::ptr_eq(c, counters)) {
             let mut gone = s.counters.swap_remove(i).snapshot();
@@ -313,7 +317,7 @@ impl Controller {
         let mut answered = false;
         let mut i = 0;
         while i < s.aborts.len() {
-            if s.aborts[i].sqid == qid {
+            if s.aborts[i].queue == queue {
                 let a = s.aborts.swap_remove(i);
                 s.abort_answers.push((a.abort_cid, false));
                 answered = true;
@@ -413,6 +417,10 @@ impl Controller {
             let valid = sizes_ok && cc.css == 0 && cc.mps == 0 && cc.ams == 0;
             // A reset still waiting for its old I/O queues is over: they go anyway (epoch).
             s.resetting = false;
+            // So is a shutdown the reset interrupted: what it waited for no longer matters to
+            // the enabled controller (its flushes still count down in `shutdown_flushes`).
+            s.shutdown = ShutdownPhase::Idle;
+            self.shutdown_flush_due.store(false, Ordering::Release);
             if valid {
                 s.csts.rdy = true;
                 s.csts.shst = ShutdownStatus::Normal;
@@ -441,8 +449,8 @@ impl Controller {
         }
         let notified =
             cc.shn != ShutdownNotification::None && was.shn == ShutdownNotification::None;
-        // A notification while a shutdown is under way joins it: its flushes are counted
-        // once, and it completes both.
+        // A notification while a shutdown is under way (no reset since) joins it: its flushes
+        // are counted once, and it completes both.
         if !notified || s.shutdown != ShutdownPhase::Idle {
             return Ok(false);
         }
@@ -463,27 +471,23 @@ impl Controller {
             && self.shutdown_flush_due.swap(false, Ordering::AcqRel)
     }
 
-    /// `n` shutdown flushes are in flight (0: shutdown complete now).
+    /// The shutdown started `n` more flushes; it completes when no shutdown flush is in
+    /// flight (at once when none is).
     pub fn shutdown_flushes(&self, n: usize) {
         let mut s = self.state();
-        if n == 0 {
+        s.shutdown_flushes += n;
+        s.shutdown = ShutdownPhase::Flushing;
+        if s.shutdown_flushes == 0 {
             s.shutdown_done();
-        } else {
-            s.shutdown = ShutdownPhase::Flushing { flushes: n };
         }
     }
 
-    /// One shutdown flush finished; the last one completes the shutdown.
+    /// One shutdown flush finished; the last one in flight completes the shutdown under way.
     pub fn shutdown_flushed(&self) {
         let mut s = self.state();
-        if let ShutdownPhase::Flushing { flushes } = s.shutdown {
-            if flushes <= 1 {
-                s.shutdown_done();
-            } else {
-                s.shutdown = ShutdownPhase::Flushing {
-                    flushes: flushes - 1,
-                };
-            }
+        s.shutdown_flushes = s.shutdown_flushes.saturating_sub(1);
+        if s.shutdown_flushes == 0 && s.shutdown == ShutdownPhase::Flushing {
+            s.shutdown_done();
         }
     }
 
@@ -542,11 +546,15 @@ impl Controller {
     /// queue. False (decline at once) when no such I/O queue is connected.
     pub fn request_abort(&self, sqid: u16, cid: u16, abort_cid: u16) -> bool {
         let mut s = self.state();
-        if !s.io_queue_taken(sqid, self.epoch()) {
+        let queue = IoQueueId {
+            qid: sqid,
+            epoch: self.epoch(),
+        };
+        if !s.io_queues.contains(&queue) {
             return false;
         }
         s.aborts.push(AbortRequest {
-            sqid,
+            queue,
             cid,
             abort_cid,
         });
@@ -554,16 +562,16 @@ impl Controller {
         true
     }
 
-    /// The aborts asked for queue `sqid`: `out(victim cid, abort cid)` for each (one atomic
+    /// The aborts asked for I/O queue `queue`: `out(victim cid, abort cid)` for each (one atomic
     /// load when there is none).
-    pub fn take_aborts(&self, sqid: u16, out: &mut dyn FnMut(u16, u16)) {
+    pub fn take_aborts(&self, queue: IoQueueId, out: &mut dyn FnMut(u16, u16)) {
         if !self.aborts_pending.load(Ordering::Acquire) {
             return;
         }
         let mut s = self.state();
         let mut i = 0;
         while i < s.aborts.len() {
-            if s.aborts[i].sqid == sqid {
+            if s.aborts[i].queue == queue {
                 let a = s.aborts.swap_remove(i);
                 out(a.cid, a.abort_cid);
             } else {

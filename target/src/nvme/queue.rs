@@ -1,7 +1,9 @@
 //! [`Queue`]: the NVMe side of one qpair, owned by the reactor that owns the qpair. Its life
 //! is an explicit state ([`QueueState`]): unbound until a Fabrics Connect binds it to a
 //! controller (a new one for an admin queue, an existing one by CNTLID for an I/O queue), then
-//! bound, then closed by Disconnect, by the controller's teardown, or by being dropped.
+//! bound, then closed by the controller's teardown or by being dropped. A Fabrics Disconnect
+//! closes an admin queue at once; an I/O queue turns `Disconnected` (it executes nothing more)
+//! and is closed when dropped, its in-flight I/O ended.
 //!
 //! This file owns Connect (every check with its status and IPO/IATTR), Property Get/Set,
 //! Disconnect and the dispatch to `admin.rs` and `io.rs`. See the module documentation of
@@ -114,18 +116,22 @@ impl Queue {
         &self.state
     }
 
-    /// The controller, once connected.
+    /// The controller, once connected (and after a Disconnect, until the queue is dropped).
     pub fn controller(&self) -> Option<&Arc<Controller>> {
         match &self.state {
-            QueueState::Bound { controller, .. } => Some(controller),
+            QueueState::Bound { controller, .. } | QueueState::Disconnected { controller, .. } => {
+                Some(controller)
+            }
             _ => None,
         }
     }
 
-    /// Queue id once connected.
+    /// Queue id once connected (and after a Disconnect, until the queue is dropped: its
+    /// answers still carry it as SQID).
     pub fn qid(&self) -> Option<u16> {
         match &self.state {
             QueueState::Bound { qid, .. } => Some(*qid),
+            QueueState::Disconnected { queue, .. } => Some(queue.qid),
             _ => None,
         }
     }
@@ -158,13 +164,22 @@ impl Queue {
     /// Abort commands aimed at this I/O queue: `out(victim cid, abort cid)` for each; the
     /// transport answers each with [`Queue::answer_abort`]. Control path (a timer).
     pub fn take_aborts(&self, out: &mut dyn FnMut(u16, u16)) {
-        if let QueueState::Bound {
-            controller, qid, ..
-        } = &self.state
-        {
-            if *qid != 0 {
-                controller.take_aborts(*qid, out);
-            }
+        match &self.state {
+            QueueState::Bound {
+                controller,
+                qid,
+                epoch,
+                ..
+            } if *qid != 0 => controller.take_aborts(
+                IoQueueId {
+                    qid: *qid,
+                    epoch: *epoch,
+                },
+                out,
+            ),
+            // Its commands still waiting for buffers may be aborted too.
+            QueueState::Disconnected { controller, queue } => controller.take_aborts(*queue, out),
+            _ => {}
         }
     }
 
@@ -271,7 +286,7 @@ impl Queue {
             return 0;
         };
         // A shutdown whose I/O queues have all closed: its flushes start here.
-        if c.take_shutdown_flush_due() {
+        if self.qid() == Some(0) && c.take_shutdown_flush_due() {
             self.shutdown_flush(io, &c);
         }
         let mut n = 0;
@@ -567,9 +582,9 @@ impl Queue {
         }
     }
 
-    /// Leave the controller (the transport dropped the queue, its in-flight I/O ended): an I/O
-    /// queue frees its queue id, an admin queue tears the controller down (its I/O queues then
-    /// disconnect).
+    /// Leave the controller (the queue is dropped, its in-flight I/O ended, or an admin queue
+    /// got a Disconnect): an I/O queue frees its queue id, an admin queue tears the controller
+    /// down (its I/O queues then disconnect).
     pub fn close(&mut self) {
         match std::mem::replace(&mut self.state, QueueState::Closed) {
             QueueState::Bound {

@@ -1893,3 +1893,105 @@ fn host_identifier_feature() {
         Some(GenericStatus::DataSglLengthInvalid)
     );
 }
+
+/// A reset (CC.EN 1 -> 0 -> 1) in the middle of a shutdown abandons it: a shutdown notified
+/// after re-enabling sends the new I/O queues away and completes on its own, after every flush
+/// still in flight.
+#[test]
+fn a_reset_abandons_a_shutdown_under_way() {
+    let (t, _dir) = file_target();
+    let mut h = Host::new(t);
+    let (mut aq, cntlid) = h.admin();
+    let old = h.io_queue(1, cntlid);
+    let shutdown = Cc {
+        shn: ShutdownNotification::Normal,
+        ..Cc::enabled_nvm()
+    };
+    let shst = |h: &mut Host, aq: &mut Queue| {
+        Csts::from_u32(h.prop_get(aq, PropertyOffset::Csts).dw0).shst
+    };
+    assert!(h.set_cc(&mut aq, shutdown).status.is_success());
+    assert!(h.set_cc(&mut aq, Cc::default()).status.is_success());
+    assert!(h.set_cc(&mut aq, Cc::enabled_nvm()).status.is_success());
+    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Normal);
+    // The old queue is still closing; a new one of the same QID works.
+    let mut new = h.io_queue(1, cntlid);
+    assert!(h.succeeds(&mut new, rw(0x01, 1, 0, 1), &mut vec![5u8; 4096]));
+    assert!(h.set_cc(&mut aq, shutdown).status.is_success());
+    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Occurring);
+    assert!(new.should_disconnect());
+    drop(old);
+    drop(new);
+    assert_eq!(aq.poll_events(&mut h.io, &mut |_, c| panic!("{c:?}")), 0);
+    assert_eq!(h.io.in_flight(), 1);
+    while h.io.in_flight() > 0 {
+        h.io.poll(&mut |_, c| panic!("a shutdown flush surfaced as a CQE: {c:?}"));
+    }
+    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Complete);
+}
+
+/// A shutdown abandoned by a reset while its flush is in flight: the next shutdown completes
+/// only after that flush and its own (each completion counts down once).
+#[test]
+fn a_later_shutdown_waits_for_an_abandoned_ones_flushes() {
+    let c = Controller::new(1, None, HOST, HOSTID, 0, Instant::now());
+    let cc = |c: &Controller, cc: Cc| c.property_set(PropertyOffset::Cc, 4, u64::from(cc.to_u32()));
+    let shutdown = Cc {
+        shn: ShutdownNotification::Normal,
+        ..Cc::enabled_nvm()
+    };
+    let shst = |c: &Controller| c.state().csts.shst;
+    assert_eq!(cc(&c, Cc::enabled_nvm()), Ok(false));
+    assert_eq!(cc(&c, shutdown), Ok(true));
+    c.shutdown_flushes(1);
+    assert_eq!(cc(&c, Cc::default()), Ok(false));
+    assert_eq!(cc(&c, Cc::enabled_nvm()), Ok(false));
+    assert_eq!(shst(&c), ShutdownStatus::Normal);
+    assert_eq!(cc(&c, shutdown), Ok(true));
+    c.shutdown_flushes(1);
+    c.shutdown_flushed();
+    assert_eq!(shst(&c), ShutdownStatus::Occurring);
+    c.shutdown_flushed();
+    assert_eq!(shst(&c), ShutdownStatus::Complete);
+}
+
+/// An Abort aimed at an I/O queue the host has disconnected (its write still in flight) is
+/// answered by that queue's reactor, not held until the queue is dropped; the queue's late
+/// answers still name it as SQID.
+#[test]
+fn an_abort_for_a_disconnected_queue_is_answered() {
+    use std::sync::atomic::AtomicBool;
+    let open = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(crate::bdev::gate::GateBdev::new("g0", 1 << 12, open));
+    let mut h = Host::new(target_with(vec![("g0", gate)]));
+    let (mut aq, cntlid) = h.admin();
+    let mut q = h.io_queue(1, cntlid);
+    let mut block = vec![3u8; 512];
+    let mut segments = [&mut block[..]];
+    let mut buf = IoBuf::new(&mut segments);
+    let mut write = rw(0x01, 1, 0, 1);
+    write.cid = 500;
+    assert_eq!(
+        q.execute(&mut h.io, &write, &mut buf, 77, || h.now),
+        Exec::Pending
+    );
+    let disconnect = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);
+    assert!(h.succeeds(&mut q, disconnect, &mut []));
+    let late = h.exec(&mut q, rw(0x02, 1, 0, 1), &mut [0u8; 512]);
+    assert_eq!(late.sqid, 1);
+    let mut none: [&mut [u8]; 0] = [];
+    let mut abort = admin_cmd(0x08, 0, 1 | (500 << 16), 0);
+    abort.cid = 901;
+    assert_eq!(
+        aq.execute(&mut h.io, &abort, &mut IoBuf::new(&mut none), 6000, || h
+            .now),
+        Exec::Pending
+    );
+    let mut asked = vec![];
+    q.take_aborts(&mut |victim, abort_cid| asked.push((victim, abort_cid)));
+    assert_eq!(asked, vec![(500, 901)]);
+    q.answer_abort(901, false);
+    let mut got = vec![];
+    aq.poll_events(&mut h.io, &mut |tag, cqe| got.push((tag, cqe.cid)));
+    assert_eq!(got, vec![(6000, 901)]);
+}
