@@ -10,6 +10,14 @@ use crate::controller::{ControllerOptions, ReconnectPolicy};
 use crate::loopback::{LoopbackConfig, LoopbackTarget, NamespaceConfig};
 use crate::queue::TransportAddress;
 
+/// The most seconds a time flag takes: KATO's 32-bit milliseconds, and far below what would
+/// overflow a deadline.
+pub const MAX_SECONDS: u64 = u32::MAX as u64 / 1000;
+
+/// The highest core number a core list may name (the machine's own limit is checked when the
+/// reactors start).
+pub const MAX_CORE: usize = 4095;
+
 /// How and where to reach the controller.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectArgs {
@@ -18,7 +26,7 @@ pub struct ConnectArgs {
     /// or loopback (an in-process fake target for testing the tools, fresh and zeroed on every
     /// run). "soft" (the in-process soft fabric) needs the target in the same process, so the
     /// tools refuse it.
-    #[arg(long, default_value = "rdma")]
+    #[arg(long, default_value = "rdma", value_parser = ["rdma", "soft-tcp", "loopback", "soft"])]
     pub transport: String,
     /// Target address (IP or host name).
     #[arg(short = 'a', long, default_value = "127.0.0.1")]
@@ -35,15 +43,22 @@ pub struct ConnectArgs {
     /// This host's identifier as 32 hex digits (default: random).
     #[arg(long)]
     pub hostid: Option<String>,
-    /// Keep Alive Timeout in seconds (0 disables keep-alive).
-    #[arg(long, default_value_t = 15)]
+    /// Keep Alive Timeout in seconds, 0..=4294967 (KATO's milliseconds fit 32 bits; 0 disables
+    /// keep-alive).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(0..=MAX_SECONDS))]
     pub kato: u64,
-    /// Seconds between reconnect attempts after a lost connection (nvme-cli --reconnect-delay).
-    #[arg(long, default_value_t = 10)]
+    /// Seconds between reconnect attempts after a lost connection, 1..=4294967 (nvme-cli
+    /// --reconnect-delay).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     pub reconnect_delay: u64,
-    /// Seconds to keep trying before giving the controller up; -1 = forever, 0 = never
-    /// reconnect (nvme-cli --ctrl-loss-tmo).
-    #[arg(long, default_value_t = 600, allow_hyphen_values = true)]
+    /// Seconds to keep trying before giving the controller up, -1..=4294967: -1 = forever,
+    /// 0 = never reconnect (nvme-cli --ctrl-loss-tmo).
+    #[arg(
+        long,
+        default_value_t = 600,
+        allow_hyphen_values = true,
+        value_parser = clap::value_parser!(i64).range(-1..=MAX_SECONDS as i64)
+    )]
     pub ctrl_loss_tmo: i64,
     /// Give each I/O's data its own short-lived key (memory window, invalidated by the
     /// target's response, or by the host before the I/O completes when the target did not)
@@ -153,9 +168,18 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
                 if a > b {
                     return Err(bad());
                 }
+                if b > MAX_CORE {
+                    return Err(format!("core {b}: core numbers go up to {MAX_CORE}"));
+                }
                 out.extend(a..=b);
             }
-            None => out.push(part.parse().map_err(|_| bad())?),
+            None => {
+                let core = part.parse().map_err(|_| bad())?;
+                if core > MAX_CORE {
+                    return Err(format!("core {core}: core numbers go up to {MAX_CORE}"));
+                }
+                out.push(core);
+            }
         }
     }
     if out.is_empty() {
@@ -167,7 +191,9 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
 /// 32 hex digits (dashes allowed, as in a UUID).
 pub fn parse_hostid(s: &str) -> Result<[u8; 16], String> {
     let hex: String = s.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
+    // ASCII hex digits only: the bytes are sliced in pairs below (and from_str_radix would
+    // take a '+').
+    if hex.len() != 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(format!("--hostid '{s}': need 32 hex digits"));
     }
     let mut id = [0u8; 16];
@@ -192,9 +218,37 @@ mod tests {
         assert_eq!(parse_cores("0-2,5"), Ok(vec![0, 1, 2, 5]));
         assert!(parse_cores("3-1").is_err());
         assert!(parse_cores("").is_err());
+        // A range that would allocate without bound, and a core past any machine's.
+        assert!(parse_cores("0-99999999999").is_err());
+        assert!(parse_cores("4096").is_err());
+        assert_eq!(parse_cores("4095"), Ok(vec![4095]));
         let id = parse_hostid("00112233-4455-6677-8899-aabbccddeeff").unwrap();
         assert_eq!(id[0], 0x00);
         assert_eq!(id[15], 0xff);
         assert!(parse_hostid("0011").is_err());
+        // 32 characters that are not all ASCII hex digits (a multi-byte one sliced in half
+        // panicked; '+' passed from_str_radix).
+        assert!(parse_hostid("00000000000000000000000000000\u{e9}0").is_err());
+        assert!(parse_hostid(&"+f".repeat(16)).is_err());
+    }
+
+    /// Time flags end where a deadline computed from them could overflow.
+    #[test]
+    fn time_flags_are_bounded() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            connect: ConnectArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from([&["t"], args].concat());
+        assert!(parse(&["--kato", "4294967"]).is_ok());
+        let e = parse(&["--kato", "18446744073709551615"]).err().unwrap();
+        assert!(e.to_string().contains("--kato"), "{e}");
+        assert!(parse(&["--reconnect-delay", "0"]).is_err());
+        assert!(parse(&["--ctrl-loss-tmo", "-1"]).is_ok());
+        assert!(parse(&["--ctrl-loss-tmo", "-7"]).is_err());
+        let e = parse(&["--transport", "foo"]).err().unwrap();
+        assert!(e.to_string().contains("loopback"), "{e}");
     }
 }

@@ -32,6 +32,10 @@ use crate::error::{Error, Result};
 use crate::io::{IoLimits, IoQueue};
 use crate::queue::{Fabric, TransportAddress};
 
+/// The longest log page read at once (64 MiB: a discovery log of its 16,384 records fits; the
+/// whole page is held in memory).
+pub const LOG_PAGE_MAX: usize = 64 << 20;
+
 /// Reads of a discovery log that keeps changing before the host gives up (nvme-cli's default).
 pub const DISCOVERY_LOG_TRIES: usize = 10;
 /// Discovery log records the host reads at most (16 MiB of log): a target's NUMREC sizes the
@@ -112,6 +116,15 @@ impl<F: Fabric> Controller<F> {
         options: ControllerOptions,
         clock: SharedClock,
     ) -> Result<Self> {
+        // KATO goes on the wire as 32-bit milliseconds; longer is the caller's mistake (and
+        // a deadline from it could overflow).
+        if options.kato.as_millis() > u128::from(u32::MAX) {
+            return Err(Error::InvalidArgument(format!(
+                "keep-alive timeout {:?}: at most {} ms",
+                options.kato,
+                u32::MAX
+            )));
+        }
         let s = Self::establish(&fabric, &address, &options, &clock)?;
         let keep_alive_every = (!options.kato.is_zero()).then(|| options.kato / 2);
         let now = clock.now();
@@ -439,8 +452,14 @@ impl<F: Fabric> Controller<F> {
         result
     }
 
-    /// Get Log Page `lid` for `nsid`, `len` bytes from offset 0 (read in admin-slot pieces).
+    /// Get Log Page `lid` for `nsid`, `len` bytes from offset 0 (read in admin-slot pieces),
+    /// at most [`LOG_PAGE_MAX`].
     pub fn get_log_page(&mut self, lid: LogId, nsid: u32, len: usize) -> Result<Vec<u8>> {
+        if len > LOG_PAGE_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "log page of {len} bytes: at most {LOG_PAGE_MAX} read at once"
+            )));
+        }
         let admin = self.admin_mut()?;
         let mut out = Vec::with_capacity(len);
         while out.len() < len {

@@ -118,6 +118,14 @@ where
             "the controller has no active namespace".into(),
         ));
     }
+    // A run whose end no clock can hold is the caller's mistake, not a panic at the deadline.
+    let end = cfg.duration.checked_mul(2);
+    if end.and_then(|d| Instant::now().checked_add(d)).is_none() {
+        return Err(Error::InvalidArgument(format!(
+            "run time {:?} is too long",
+            cfg.duration
+        )));
+    }
     let plan = plan_jobs(&namespaces, cfg.qpairs_per_namespace);
     if controller.io_queue_count() < plan.len() {
         return Err(Error::InvalidArgument(format!(

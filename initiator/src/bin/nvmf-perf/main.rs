@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 
-use nvmf_initiator::cli::args::{ConnectArgs, parse_cores, parse_size};
+use nvmf_initiator::cli::args::{ConnectArgs, MAX_SECONDS, parse_cores, parse_size};
 use nvmf_initiator::clock::SystemClock;
 use nvmf_initiator::controller::Controller;
 use nvmf_initiator::loopback::LoopbackFabric;
@@ -32,25 +32,26 @@ struct Args {
     connect: ConnectArgs,
     /// Commands in flight per I/O queue. At most what the target's I/O queues hold (its
     /// CAP.MQES + 1): deeper runs at that depth, and the report ends with a warning saying so.
-    #[arg(short = 'q', long = "queue-depth", default_value_t = 32)]
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 32, value_parser = at_least_one)]
     queue_depth: usize,
     /// Bytes per I/O (a multiple of the block size; 4096, 4k, 128k...).
-    #[arg(short = 'o', long = "io-size", default_value = "4096")]
-    io_size: String,
+    #[arg(short = 'o', long = "io-size", default_value = "4096", value_parser = io_size)]
+    io_size: u64,
     /// Workload: read, write, randread, randwrite, rw, randrw.
     #[arg(short = 'w', long, default_value = "randread")]
     workload: Pattern,
-    /// Percent reads for rw and randrw (0..=100).
-    #[arg(short = 'M', long, default_value_t = 50)]
-    mix: u8,
-    /// Run time in seconds.
-    #[arg(short = 't', long, default_value_t = 10)]
+    /// Percent reads for rw and randrw, 0..=100 (default 50; only those two workloads mix).
+    #[arg(short = 'M', long, value_parser = clap::value_parser!(u8).range(0..=100))]
+    mix: Option<u8>,
+    /// Run time in seconds, 1..=4294967.
+    #[arg(short = 't', long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     time: u64,
-    /// Cores to run reactors on, one reactor each: "0", "0-3", "0,2".
-    #[arg(short = 'c', long, default_value = "0")]
+    /// Cores to run reactors on, one reactor each: "0", "0-3", "0,2" (0..=4095, and each must
+    /// be available to this process).
+    #[arg(short = 'c', long, default_value = "0", value_parser = cores)]
     cores: String,
-    /// I/O queues per namespace (each one a job over its own share of the LBAs).
-    #[arg(long, default_value_t = 1)]
+    /// I/O queues per namespace, 1..=1024 (each one a job over its own share of the LBAs).
+    #[arg(long, default_value_t = 1, value_parser = qpairs)]
     qpairs: usize,
     /// Namespaces to drive, e.g. "1" or "1,3" (default: every active namespace).
     #[arg(long, value_delimiter = ',')]
@@ -69,6 +70,39 @@ struct Args {
     /// Seed for random offsets and mixes.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+/// -q: a count of 1 or more.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("'{s}' is not a whole number")),
+    }
+}
+
+/// --qpairs: 1..=1024 (a host poll group's qpairs).
+fn qpairs(s: &str) -> Result<usize, String> {
+    at_least_one(s).and_then(|n| {
+        if n <= 1024 {
+            Ok(n)
+        } else {
+            Err("at most 1024".into())
+        }
+    })
+}
+
+/// -o: a size of 1 byte or more (the block size is checked once connected).
+fn io_size(s: &str) -> Result<u64, String> {
+    match parse_size(s)? {
+        0 => Err("at least one block".into()),
+        n => Ok(n),
+    }
+}
+
+/// -c: a core list (kept as written; parsed again where used).
+fn cores(s: &str) -> Result<String, String> {
+    parse_cores(s).map(|_| s.to_owned())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -137,11 +171,14 @@ fn perf<F: Fabric + Clone>(
 where
     F::Queue: 'static,
 {
-    let io_size = parse_size(&args.io_size).map_err(anyhow::Error::msg)? as usize;
+    let io_size = usize::try_from(args.io_size).context("-o/--io-size")?;
     let cores = parse_cores(&args.cores).map_err(anyhow::Error::msg)?;
-    if args.mix > 100 {
-        bail!("-M {}: a percentage 0..=100", args.mix);
-    }
+    let mix = match (args.mix, args.workload) {
+        (Some(_), Pattern::Rw | Pattern::RandRw) | (None, _) => args.mix.unwrap_or(50),
+        (Some(_), other) => {
+            bail!("-M/--mix: {other:?} does not mix reads and writes (rw, randrw do)")
+        }
+    };
     let mut options = args
         .connect
         .options(&args.connect.subnqn)
@@ -179,7 +216,7 @@ where
     let cfg = RunConfig {
         spec: JobSpec {
             pattern: args.workload,
-            mix: args.mix,
+            mix,
             io_size,
             depth: args.queue_depth,
             verify: args.verify,

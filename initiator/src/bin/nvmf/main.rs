@@ -13,7 +13,7 @@ use nvmf_initiator::block::BlockDevice;
 use nvmf_initiator::cli::args::{ConnectArgs, parse_size};
 use nvmf_initiator::cli::format;
 use nvmf_initiator::clock::SystemClock;
-use nvmf_initiator::controller::Controller;
+use nvmf_initiator::controller::{Controller, LOG_PAGE_MAX};
 use nvmf_initiator::loopback::LoopbackFabric;
 use nvmf_initiator::queue::{Fabric, HostQueue};
 use nvmf_initiator::rdma::RdmaFabric;
@@ -48,11 +48,11 @@ enum Command {
     /// Connect, print what the association granted (controller id, queues, transfer sizes,
     /// namespaces), and disconnect cleanly.
     Connect {
-        /// I/O queues to ask for.
-        #[arg(long, default_value_t = 1)]
+        /// I/O queues to ask for, 1..=65535.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
         nr_io_queues: u16,
-        /// I/O queue depth to ask for.
-        #[arg(long, default_value_t = 128)]
+        /// I/O queue depth to ask for, 2..=65535 (a queue holds one entry fewer than its size).
+        #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(2..))]
         queue_size: u16,
     },
     /// Connect and print Identify Controller (like `nvme id-ctrl`).
@@ -98,8 +98,8 @@ enum Command {
     },
     /// Print a feature's current value (like `nvme get-feature`).
     GetFeature {
-        /// Feature id (decimal or 0x hex).
-        #[arg(short = 'f', long, value_parser = parse_u32)]
+        /// Feature id, 0..=0xff (decimal or 0x hex).
+        #[arg(short = 'f', long, value_parser = parse_id8)]
         feature_id: u32,
         /// Namespace id (0 for controller features).
         #[arg(short = 'N', long, default_value_t = 0)]
@@ -114,8 +114,8 @@ enum Command {
     },
     /// Set a feature (like `nvme set-feature`).
     SetFeature {
-        /// Feature id (decimal or 0x hex).
-        #[arg(short = 'f', long, value_parser = parse_u32)]
+        /// Feature id, 0..=0xff (decimal or 0x hex).
+        #[arg(short = 'f', long, value_parser = parse_id8)]
         feature_id: u32,
         /// New value (CDW11; decimal or 0x hex).
         #[arg(short = 'v', long, value_parser = parse_u32)]
@@ -140,11 +140,11 @@ enum Command {
     },
     /// Read a log page (SMART is decoded, others dumped in hex unless --raw).
     GetLog {
-        /// Log page id (decimal or 0x hex): 1 error, 2 SMART, 0x70 discovery...
-        #[arg(short = 'i', long, value_parser = parse_u32)]
+        /// Log page id, 0..=0xff (decimal or 0x hex): 1 error, 2 SMART, 0x70 discovery...
+        #[arg(short = 'i', long, value_parser = parse_id8)]
         log_id: u32,
-        /// Bytes to read.
-        #[arg(short = 'l', long, default_value_t = 512)]
+        /// Bytes to read, 1..=64M (4096, 4k, 1M...).
+        #[arg(short = 'l', long, default_value = "512", value_parser = log_len)]
         log_len: usize,
         /// Namespace id (0xffffffff = controller wide).
         #[arg(short = 'N', long, default_value = "0xffffffff", value_parser = parse_u32)]
@@ -174,8 +174,8 @@ struct Blocks {
     /// First LBA.
     #[arg(short = 's', long)]
     start_block: u64,
-    /// Number of blocks (not 0's based, unlike nvme-cli's --block-count).
-    #[arg(short = 'c', long)]
+    /// Number of blocks, 1 or more (not 0's based, unlike nvme-cli's --block-count).
+    #[arg(short = 'c', long, value_parser = clap::value_parser!(u64).range(1..))]
     block_count: u64,
 }
 
@@ -198,6 +198,24 @@ impl Blocks {
             ),
         }
     }
+}
+
+/// get-log -l: a size of 1 byte up to the host's log page limit.
+fn log_len(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    match usize::try_from(n) {
+        Ok(n @ 1..=LOG_PAGE_MAX) => Ok(n),
+        _ => Err(format!("{n} bytes: 1..={LOG_PAGE_MAX}")),
+    }
+}
+
+/// A feature or log page id: 8 bits, decimal or 0x hex.
+fn parse_id8(s: &str) -> Result<u32, String> {
+    let n = parse_u32(s)?;
+    if n > 0xff {
+        return Err(format!("{n:#x}: ids are 8 bits (0..=0xff)"));
+    }
+    Ok(n)
 }
 
 fn parse_u32(s: &str) -> Result<u32, String> {
