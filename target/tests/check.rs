@@ -41,6 +41,7 @@ fn broken_configs_print_every_error() {
                 ":2: reactors.cores: core 1 listed twice",
                 ":9: bdev.block_size:",
                 ":11: subsystem.nqn: invalid NQN",
+                ":11: subsystem.hosts: no host could connect",
                 ":14: subsystem.namespace.bdev: no [[bdev]] named \"b\"",
             ],
         ),

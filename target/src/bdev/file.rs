@@ -62,9 +62,10 @@ impl FileBdev {
         size: Option<u64>,
         direct: bool,
     ) -> Result<FileBdev, BdevError> {
-        let io = |what| {
+        let io = |step: &str| {
             let name = name.to_owned();
-            move |source| BdevError::Io { name, what, source }
+            let what = format!("{step} {}", path.display());
+            move |error| BdevError::Io { name, what, error }
         };
         let mut options = OpenOptions::new();
         options.read(true).write(true).create(true).truncate(false);
@@ -117,10 +118,10 @@ impl Bdev for FileBdev {
 
 impl FileBdev {
     fn channel(&self) -> Result<FileChannel, BdevError> {
-        let ring = IoUring::new(RING_ENTRIES).map_err(|source| BdevError::Io {
+        let ring = IoUring::new(RING_ENTRIES).map_err(|error| BdevError::Io {
             name: self.info.name.clone(),
-            what: "io_uring setup",
-            source,
+            what: "io_uring setup".into(),
+            error,
         })?;
         Ok(FileChannel {
             info: self.info.clone(),

@@ -139,16 +139,16 @@ pub enum BdevError {
         /// What.
         message: String,
     },
-    /// An OS call failed.
-    #[error("bdev {name}: {what}: {source}")]
+    /// An OS call failed. The OS error is part of the message and not a `source` as well:
+    /// a report printing the chain (anyhow's `{:#}`) said it twice.
+    #[error("bdev {name}: {what}: {error}")]
     Io {
         /// Device name.
         name: String,
-        /// Which step.
-        what: &'static str,
+        /// Which step, naming the file where there is one.
+        what: String,
         /// The error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 

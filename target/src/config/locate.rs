@@ -15,13 +15,25 @@ pub(crate) fn line_of(text: &str, offset: usize) -> usize {
         + 1
 }
 
-/// Line and key path of `offset`; `message` (a toml error) may name a missing field, which is
-/// appended to the path.
-pub(crate) fn line_and_key(text: &str, offset: usize, message: &str) -> (usize, String) {
-    let line = line_of(text, offset);
+/// Line and key path of the error spanning `span`; `message` (a toml error) may name a
+/// missing field, which is appended to the path: to the table's, or alone when the span is
+/// the whole document (a missing top-level table, whatever header line 1 holds).
+pub(crate) fn line_and_key(
+    text: &str,
+    span: std::ops::Range<usize>,
+    message: &str,
+) -> (usize, String) {
+    let line = line_of(text, span.start);
     let mut key = key_at(text, line);
     if let Some(field) = backquoted_after(message, "missing field") {
-        key = join(&key, field);
+        // toml gives the document's own errors the span 0..0.
+        let whole_document =
+            span.start == 0 && (span.end == 0 || span.end >= text.trim_end().len());
+        key = if whole_document {
+            field.to_owned()
+        } else {
+            join(&key, field)
+        };
     }
     (line, key)
 }
@@ -97,9 +109,16 @@ mod tests {
         assert_eq!(key_at(text, 7), "subsystem.nqn");
         assert_eq!(key_at(text, 9), "subsystem.namespace.bdev");
         assert_eq!(line_of(text, text.find("bdev").unwrap()), 9);
+        // A field missing from the table the error spans, and one missing from the whole
+        // document (a top-level table: not the table whose header happens to open the file).
+        let transport = 0..text.find("[[subsystem]]").unwrap();
         assert_eq!(
-            line_and_key(text, 0, "missing field `cores`"),
+            line_and_key(text, transport, "missing field `cores`"),
             (1, "transport.cores".to_owned())
+        );
+        assert_eq!(
+            line_and_key(text, 0..0, "missing field `reactors`"),
+            (1, "reactors".to_owned())
         );
     }
 }

@@ -59,11 +59,12 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}:{}: {}: {}",
-            self.file, self.line, self.key, self.message
-        )
+        // Line 0 and no key: about the whole file (it could not be read).
+        match (self.line, self.key.as_str()) {
+            (0, "") => write!(f, "{}: {}", self.file, self.message),
+            (0, key) => write!(f, "{}: {}: {}", self.file, key, self.message),
+            (line, key) => write!(f, "{}:{}: {}: {}", self.file, line, key, self.message),
+        }
     }
 }
 
@@ -318,10 +319,10 @@ pub struct SubsystemConfig {
     /// Model number (at most 40 ASCII characters).
     #[serde(default)]
     pub model: Option<Spanned<String>>,
-    /// Any host may connect.
+    /// Any host may connect (then `hosts` must be empty).
     #[serde(default)]
     pub allow_any_host: bool,
-    /// Host NQNs allowed to connect when `allow_any_host` is false.
+    /// Host NQNs allowed to connect when `allow_any_host` is false (then at least one).
     #[serde(default)]
     pub hosts: Vec<Spanned<String>>,
     /// Largest NSID (and the NN field of Identify Controller).
@@ -374,7 +375,7 @@ impl Config {
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigErrors> {
         let config: Config = toml::from_str(text).map_err(|e| {
             let (line, key) = match e.span() {
-                Some(span) => locate::line_and_key(text, span.start, e.message()),
+                Some(span) => locate::line_and_key(text, span, e.message()),
                 None => (0, String::new()),
             };
             ConfigErrors(vec![ConfigError {

@@ -265,6 +265,32 @@ fn broken_configs_name_file_line_and_key() {
             "bad.toml:20: subsystem.listen",
             "not in transport.listen",
         ),
+        (
+            broken("hosts = [", "listen = []\nhosts = ["),
+            "bad.toml:19: subsystem.listen",
+            "reachable nowhere",
+        ),
+        (
+            broken(
+                "listen = [\"127.0.0.1:4420\"]",
+                "listen = [\"0.0.0.0:4420\"]",
+            ),
+            "bad.toml:6: transport.listen",
+            "not a wildcard",
+        ),
+        (
+            broken(
+                "listen = [\"127.0.0.1:4420\"]",
+                "listen = [\"127.0.0.1:0\"]",
+            ),
+            "bad.toml:6: transport.listen",
+            "name the port",
+        ),
+        (
+            broken("hosts = [", "allow_any_host = true\nhosts = ["),
+            "bad.toml:",
+            "list hosts or allow any, not both",
+        ),
     ];
     for (text, want, contains) in &table {
         let errors = Config::parse(text, "bad.toml").expect_err(want).0;
@@ -280,7 +306,7 @@ fn broken_configs_name_file_line_and_key() {
 #[test]
 fn duplicate_nsid_nqn_and_bdev_claim() {
     let text = format!(
-        "{GOOD}[[subsystem.namespace]]\nnsid = 1\nbdev = \"f0\"\n\n[[subsystem]]\nnqn = \"nqn.2016-06.io.nvmf-rs:a\"\n[[subsystem.namespace]]\nnsid = 1\nbdev = \"m0\"\n"
+        "{GOOD}[[subsystem.namespace]]\nnsid = 1\nbdev = \"f0\"\n\n[[subsystem]]\nnqn = \"nqn.2016-06.io.nvmf-rs:a\"\nallow_any_host = true\n[[subsystem.namespace]]\nnsid = 1\nbdev = \"m0\"\n"
     );
     let errors: Vec<String> = Config::parse(&text, "d.toml")
         .unwrap_err()
@@ -291,7 +317,7 @@ fn duplicate_nsid_nqn_and_bdev_claim() {
     assert_eq!(errors.len(), 3, "{errors:#?}");
     assert!(errors[0].starts_with("d.toml:25: subsystem.namespace.nsid: duplicate nsid 1"));
     assert!(errors[1].starts_with("d.toml:29: subsystem.nqn: duplicate subsystem NQN"));
-    assert!(errors[2].starts_with("d.toml:32: subsystem.namespace.bdev: bdev \"m0\" is already"));
+    assert!(errors[2].starts_with("d.toml:33: subsystem.namespace.bdev: bdev \"m0\" is already"));
 }
 
 #[test]
@@ -306,7 +332,7 @@ fn unreadable_file() {
     let e = Config::load(Path::new("/nonexistent/x.toml")).unwrap_err();
     assert!(
         e.to_string()
-            .starts_with("/nonexistent/x.toml:0: : cannot read")
+            .starts_with("/nonexistent/x.toml: cannot read")
     );
 }
 

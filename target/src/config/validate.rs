@@ -103,11 +103,25 @@ fn transport(config: &Config, r: &mut Report<'_>) {
     }
     let mut seen = HashSet::new();
     for a in t.listen.get_ref() {
-        if !seen.insert(*a.get_ref()) {
+        let addr = a.get_ref();
+        if !seen.insert(*addr) {
+            r.at(a.span(), "transport.listen", format!("{addr} listed twice"));
+        }
+        // A host connects to an address and port the discovery log names, and a subsystem is
+        // served on the listen address the connection arrived at: a wildcard or port 0
+        // would be an address no connection ever matches.
+        if addr.ip().is_unspecified() {
             r.at(
                 a.span(),
                 "transport.listen",
-                format!("{} listed twice", a.get_ref()),
+                format!("{addr}: name the address hosts connect to, not a wildcard"),
+            );
+        }
+        if addr.port() == 0 {
+            r.at(
+                a.span(),
+                "transport.listen",
+                format!("{addr}: name the port hosts connect to (4420 is NVMe-oF's)"),
             );
         }
     }
@@ -190,12 +204,48 @@ fn transport(config: &Config, r: &mut Report<'_>) {
             "too few to hold one max_io_size transfer",
         );
     }
+    let pool = u64::from(*t.data_buffers.get_ref()) * u64::from(unit);
+    if let Some(memory) = memory_total().filter(|m| pool > *m) {
+        r.at(
+            t.data_buffers.span(),
+            "transport.data_buffers",
+            format!(
+                "{} buffers of io_unit_size {unit} are {pool} bytes, more than this machine's \
+                 {memory} bytes of memory",
+                t.data_buffers.get_ref()
+            ),
+        );
+    }
+}
+
+/// This machine's memory in bytes (MemTotal), when /proc/meminfo says.
+fn memory_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// Checks `[[bdev]]` and returns name -> kind of the valid-named ones.
 fn bdevs(config: &Config, r: &mut Report<'_>) -> HashMap<String, BdevKind> {
     let mut names = HashMap::new();
+    // Malloc bdevs live in memory: together they must fit in it.
+    let memory = memory_total();
+    let mut in_memory = 0u64;
     for b in &config.bdevs {
+        if let (BdevKind::Malloc, Some(size), Some(memory)) = (*b.kind.get_ref(), &b.size, memory) {
+            in_memory = in_memory.saturating_add(*size.get_ref());
+            if in_memory > memory {
+                r.at(
+                    size.span(),
+                    "bdev.size",
+                    format!(
+                        "malloc bdevs up to this one need {in_memory} bytes, more than this \
+                         machine's {memory} bytes of memory"
+                    ),
+                );
+            }
+        }
         let name = b.name.get_ref();
         if name.is_empty() {
             r.at(b.name.span(), "bdev.name", "must not be empty");
@@ -310,7 +360,29 @@ fn subsystems(config: &Config, bdevs: &HashMap<String, BdevKind>, r: &mut Report
                 format!("{max_ns} is outside 1..=1024"),
             );
         }
+        // Who may connect: everyone, or the hosts listed, not both and not no one.
+        match (s.allow_any_host, s.hosts.first()) {
+            (true, Some(h)) => r.at(
+                h.span(),
+                "subsystem.hosts",
+                "allow_any_host = true admits every host: list hosts or allow any, not both",
+            ),
+            (false, None) => r.at(
+                s.nqn.span(),
+                "subsystem.hosts",
+                "no host could connect: list the host NQNs allowed, or set allow_any_host = true",
+            ),
+            _ => {}
+        }
         if let Some(addrs) = &s.listen {
+            if addrs.is_empty() {
+                r.at(
+                    s.nqn.span(),
+                    "subsystem.listen",
+                    "empty: the subsystem would be reachable nowhere (leave listen out to serve it \
+                     on every transport.listen address)",
+                );
+            }
             for a in addrs {
                 if !listen.contains(a.get_ref()) {
                     r.at(

@@ -102,6 +102,12 @@ pub enum RdmaError {
     },
     #[error("acceptor thread: {0}")]
     Io(#[from] std::io::Error),
+    #[error("listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: TransportError,
+    },
     #[error("{left} qpair(s) still draining after {timeout:?}; destroyed anyway")]
     DrainTimeout { left: usize, timeout: Duration },
 }
@@ -240,7 +246,9 @@ where
                     };
                     for &addr in &dev.listen {
                         let token = LISTENER_BIT | listeners.len() as u64;
-                        let id = ch.listen(addr, cfg.backlog, token)?;
+                        let id = ch
+                            .listen(addr, cfg.backlog, token)
+                            .map_err(|source| RdmaError::Listen { addr, source })?;
                         addrs.push(id.local_addr().unwrap_or(addr));
                         tracing::info!(%addr, device = dev.ctx.name(), "listening");
                         listeners.push(id);
