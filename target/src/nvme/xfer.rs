@@ -157,6 +157,17 @@ pub fn plan(
         }
         _ => return Err(generic(GenericStatus::SglDescriptorTypeInvalid)),
     };
+    // A keyed buffer that wraps past 2^64 is in no host memory; its later pieces' addresses
+    // would overflow (a panic where overflow is checked).
+    if let Placement::Keyed { count } = &placement {
+        let keys = &list[..usize::from(*count)];
+        if keys
+            .iter()
+            .any(|k| k.address.checked_add(u64::from(k.length)).is_none())
+        {
+            return Err(generic(GenericStatus::InvalidField));
+        }
+    }
     let length: u64 = match &placement {
         Placement::InCapsule { length, .. } => u64::from(*length),
         Placement::Keyed { count } => list[..usize::from(*count)]
@@ -209,6 +220,14 @@ mod tests {
         assert_eq!(p.length, 4096);
         assert_eq!(p.placement, Placement::Keyed { count: 1 });
         assert!(list[0].key == 9 && list[0].invalidate);
+        // A keyed buffer wrapping past 2^64 (its second io unit's address would overflow).
+        let wraps = SglDescriptor::keyed(u64::MAX - 4095, 128 * 1024, 9, false).unwrap();
+        assert_eq!(
+            plan_of(&write_with(wraps), &[], &l).unwrap_err(),
+            generic(GenericStatus::InvalidField)
+        );
+        let ends_at_top = SglDescriptor::keyed(u64::MAX - 4096, 4096, 9, false).unwrap();
+        assert!(plan_of(&write_with(ends_at_top), &[], &l).is_ok());
         let capsule = [0u8; 4096];
         let off = SglDescriptor::DataBlockOffset {
             offset: 0,

@@ -26,8 +26,11 @@ pub struct GroupInfo {
 
 /// A poll group and its handler, polled by one reactor. See the module documentation.
 pub struct GroupPoller<R, H> {
-    pg: PollGroup<R>,
+    /// Declared (so dropped) before `pg`: a group dropped on a drain timeout may still have
+    /// block I/O in flight into the group's data buffers and receive slots, and the handler's
+    /// drop waits for it (a file channel waits for its io_uring); the buffers must outlive it.
     handler: H,
+    pg: PollGroup<R>,
     info: GroupInfo,
     /// CM token -> qp_num of this group's connections (CM events name the token only).
     by_token: HashMap<u64, u32>,

@@ -365,7 +365,8 @@ impl NvmeHandler {
         for cut in &cuts {
             let k = &keyed[cut.keyed];
             chain.push(ChainWr {
-                op: data_op(k.address + u64::from(cut.remote_offset), k.key),
+                // Checked by `xfer::plan` (no keyed buffer wraps); wrapping keeps it so.
+                op: data_op(k.address.wrapping_add(u64::from(cut.remote_offset)), k.key),
                 sges: &pieces[cut.sges.0..cut.sges.1],
                 inline: false,
             });
@@ -514,14 +515,15 @@ impl NvmeHandler {
             .keyed
             .get(req.index() as usize)
             .map_or(&[][..], |l| &l[..usize::from(count)]);
-        // The host asked for its key to be invalidated with the response.
-        let send_op = match keyed
-            .iter()
-            .find(|k| k.invalidate)
-            .filter(|_| self.remote_invalidate)
-        {
-            Some(k) => SendOp::SendWithInv { rkey: k.key },
-            None => SendOp::Send,
+        // The host asked for its key to be invalidated with the response. A SEND invalidates
+        // one key: when the descriptors flag different keys, none is (a plain SEND), and the
+        // host invalidates its own, as it does for a target that never invalidates.
+        let flagged = keyed.iter().find(|k| k.invalidate);
+        let send_op = match flagged.filter(|_| self.remote_invalidate) {
+            Some(k) if keyed.iter().all(|o| !o.invalidate || o.key == k.key) => {
+                SendOp::SendWithInv { rkey: k.key }
+            }
+            _ => SendOp::Send,
         };
         let (length, writes) = match plan {
             Some(p) if p.direction == Direction::ControllerToHost && success => (p.length, count),

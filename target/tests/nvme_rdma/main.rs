@@ -426,6 +426,24 @@ fn full_session(fabric: SoftFabric) {
         );
     }
 
+    // Two windows in one descriptor list, each asking for its key to be invalidated: one
+    // SEND invalidates one key, so the answer is a plain SEND and the host invalidates both
+    // itself (invalidating only the first left the second valid, unknown to the host).
+    {
+        let first = io.window(49152, 2048);
+        let second = io.window(51200, 2048);
+        let list = descriptors(&[first, second]);
+        let segment = SglDescriptor::LastSegmentOffset {
+            offset: 0,
+            length: list.len() as u32,
+        };
+        io.write_data(49152, &[0; 4096]);
+        let c = io.exec(rw(0x02, 0, 8, segment), &list).unwrap();
+        assert!(c.status.is_success(), "{c:?}");
+        assert!(io.read_data(49152, 4096) == a, "read through two windows");
+        assert_eq!(io.last_invalidated, None, "no SEND_WITH_INV for two keys");
+    }
+
     // Flush.
     assert!(
         io.exec(Sqe::new(0x00, 0, 1), &[])

@@ -157,15 +157,29 @@ impl PollGroupConfig {
     ///                                     has its own slot); in error each WR flushes on its
     ///                                     own, so each may complete once
     /// + max_qpairs                        one drain marker per qpair
+    /// + max_qpairs (silent_answers > 0)   one silent flush per qpair: a WR of no request's,
+    ///                                     outside the requests' bound
     /// ```
     pub fn cq_depth(&self) -> u32 {
         let by_requests = self.max_requests.saturating_mul(MAX_CHAIN_WRS as u32);
         let by_queues = self
             .max_qpairs
             .saturating_mul(self.max_send_wr().saturating_sub(1));
-        self.srq_depth
+        self.fixed_cq_entries()
             .saturating_add(by_requests.min(by_queues))
+    }
+
+    /// The CQ entries that do not scale with the requests: the receives, the drain markers
+    /// and the silent flushes.
+    fn fixed_cq_entries(&self) -> u32 {
+        let silent_flushes = if self.silent_answers > 0 {
+            self.max_qpairs
+        } else {
+            0
+        };
+        self.srq_depth
             .saturating_add(self.max_qpairs)
+            .saturating_add(silent_flushes)
     }
 
     /// Caps `max_requests` so that `cq_depth()` fits a device's `max_cqe` (rxe: 32767), the
@@ -177,7 +191,7 @@ impl PollGroupConfig {
         if self.cq_depth() <= max_cqe {
             return Ok(None);
         }
-        let fixed = self.srq_depth.saturating_add(self.max_qpairs);
+        let fixed = self.fixed_cq_entries();
         let room = max_cqe.saturating_sub(fixed);
         let fitting = room / MAX_CHAIN_WRS as u32;
         if fitting == 0 {
@@ -697,5 +711,20 @@ mod tests {
         assert!(cfg.fit_cq(fixed).is_err());
         assert!(cfg.fit_cq(fixed + MAX_CHAIN_WRS as u32).is_ok());
         assert_eq!(cfg.max_requests, 1);
+    }
+
+    /// With silent answers each qpair may hold a silent flush, a WR of no request's: the CQ
+    /// counts one per qpair on top of the requests' chains.
+    #[test]
+    fn silent_flushes_have_room_in_the_cq() {
+        let quiet = PollGroupConfig::default();
+        let silent = PollGroupConfig {
+            silent_answers: 3,
+            ..PollGroupConfig::default()
+        };
+        assert_eq!(silent.cq_depth(), quiet.cq_depth() + quiet.max_qpairs);
+        let mut capped = silent.clone();
+        capped.fit_cq(32767).unwrap();
+        assert!(capped.cq_depth() <= 32767);
     }
 }
