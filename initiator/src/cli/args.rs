@@ -31,8 +31,8 @@ pub struct ConnectArgs {
     /// Target address (IP or host name).
     #[arg(short = 'a', long, default_value = "127.0.0.1")]
     pub traddr: String,
-    /// Target service id (port).
-    #[arg(short = 's', long, default_value = "4420")]
+    /// Target service id: the port, 1..=65535.
+    #[arg(short = 's', long, default_value = "4420", value_parser = port)]
     pub trsvcid: String,
     /// Subsystem NQN to connect to.
     #[arg(short = 'n', long, default_value = "nqn.2024-01.io.nvmf-rs:loopback")]
@@ -136,6 +136,14 @@ impl ConnectArgs {
             )],
             ..LoopbackConfig::default()
         }))
+    }
+}
+
+/// --trsvcid: a port number (kept as the text given).
+fn port(s: &str) -> Result<String, String> {
+    match s.parse::<u16>() {
+        Ok(1..) => Ok(s.to_owned()),
+        _ => Err(format!("'{s}' is not a port (1..=65535)")),
     }
 }
 

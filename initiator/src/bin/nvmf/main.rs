@@ -23,6 +23,9 @@ use nvmf_protocol::log::{LogId, SMART_LOG_SIZE, SmartLog};
 use nvmf_protocol::properties::PropertyOffset;
 
 /// Talk to an NVMe-oF subsystem the way nvme-cli talks to a local controller.
+///
+/// The connection flags (--transport, -a, -s, -n, --hostnqn, --hostid, --kato...) go before
+/// the command: `nvmf -a 10.0.0.1 -n NQN read -s 0 -c 8`.
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Args {

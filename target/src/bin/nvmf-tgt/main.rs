@@ -21,7 +21,7 @@ use nvmf_target::config::Config;
 
 /// NVMe-over-Fabrics target daemon (RDMA), configured by a TOML file.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version, long_about = None)]
 struct Cli {
     /// The TOML configuration file (see configs/ for examples).
     #[arg(long, short = 'c', value_name = "FILE")]
