@@ -255,10 +255,13 @@ impl Queue {
                 }
             }
         };
-        if let (Exec::Done(cqe), Some(c)) = (&exec, self.controller()) {
+        // The status first: a success (every I/O's) looks at nothing else.
+        if let Exec::Done(cqe) = &exec {
             if !cqe.status.is_success() {
-                self.counters.error();
-                c.record_error(cqe.sqid, cqe.cid, cqe.status, sqe.nsid, sqe.opcode);
+                if let Some(c) = self.controller() {
+                    self.counters.error();
+                    c.record_error(cqe.sqid, cqe.cid, cqe.status, sqe.nsid, sqe.opcode);
+                }
             }
         }
         exec

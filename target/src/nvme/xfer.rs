@@ -71,20 +71,28 @@ const fn generic(g: GenericStatus) -> Status {
     Status::generic(g).with_dnr()
 }
 
-fn keyed(d: SglDescriptor) -> Option<Keyed> {
+/// A keyed descriptor's buffer; any other descriptor is the wrong type here, and a buffer
+/// that wraps past 2^64 is in no host memory (its later pieces' addresses would overflow).
+fn keyed(d: SglDescriptor) -> Result<Keyed, Status> {
     match d {
         SglDescriptor::KeyedDataBlock {
             address,
             length,
             key,
             invalidate,
-        } => Some(Keyed {
-            address,
-            length: length.get(),
-            key,
-            invalidate,
-        }),
-        _ => None,
+        } => {
+            let length = length.get();
+            if address.checked_add(u64::from(length)).is_none() {
+                return Err(generic(GenericStatus::InvalidField));
+            }
+            Ok(Keyed {
+                address,
+                length,
+                key,
+                invalidate,
+            })
+        }
+        _ => Err(generic(GenericStatus::SglDescriptorTypeInvalid)),
     }
 }
 
@@ -131,7 +139,7 @@ pub fn plan(
             }
         }
         SglDescriptor::KeyedDataBlock { .. } => {
-            list[0] = keyed(sgl).ok_or(generic(GenericStatus::SglDescriptorTypeInvalid))?;
+            list[0] = keyed(sgl)?;
             Placement::Keyed { count: 1 }
         }
         SglDescriptor::LastSegmentOffset { offset, length } => {
@@ -151,23 +159,12 @@ pub fn plan(
                 .ok_or(generic(GenericStatus::SglOffsetInvalid))?;
             for (slot, d) in list.iter_mut().zip(SglDescriptor::list(bytes)) {
                 let d = d.map_err(|_| generic(GenericStatus::SglDescriptorTypeInvalid))?;
-                *slot = keyed(d).ok_or(generic(GenericStatus::SglDescriptorTypeInvalid))?;
+                *slot = keyed(d)?;
             }
             Placement::Keyed { count: n as u8 }
         }
         _ => return Err(generic(GenericStatus::SglDescriptorTypeInvalid)),
     };
-    // A keyed buffer that wraps past 2^64 is in no host memory; its later pieces' addresses
-    // would overflow (a panic where overflow is checked).
-    if let Placement::Keyed { count } = &placement {
-        let keys = &list[..usize::from(*count)];
-        if keys
-            .iter()
-            .any(|k| k.address.checked_add(u64::from(k.length)).is_none())
-        {
-            return Err(generic(GenericStatus::InvalidField));
-        }
-    }
     let length: u64 = match &placement {
         Placement::InCapsule { length, .. } => u64::from(*length),
         Placement::Keyed { count } => list[..usize::from(*count)]
