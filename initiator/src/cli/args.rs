@@ -51,13 +51,13 @@ pub struct ConnectArgs {
     /// --reconnect-delay).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=MAX_SECONDS))]
     pub reconnect_delay: u64,
-    /// Seconds to keep trying before giving the controller up, -1..=4294967: -1 = forever,
-    /// 0 = never reconnect (nvme-cli --ctrl-loss-tmo).
+    /// Seconds to keep trying before giving the controller up, up to 4294967: negative (-1)
+    /// = forever, 0 = never reconnect (nvme-cli --ctrl-loss-tmo).
     #[arg(
         long,
         default_value_t = 600,
         allow_hyphen_values = true,
-        value_parser = clap::value_parser!(i64).range(-1..=MAX_SECONDS as i64)
+        value_parser = clap::value_parser!(i64).range(..=MAX_SECONDS as i64)
     )]
     pub ctrl_loss_tmo: i64,
     /// Give each I/O's data its own short-lived key (memory window, invalidated by the
@@ -255,7 +255,9 @@ mod tests {
         assert!(e.to_string().contains("--kato"), "{e}");
         assert!(parse(&["--reconnect-delay", "0"]).is_err());
         assert!(parse(&["--ctrl-loss-tmo", "-1"]).is_ok());
-        assert!(parse(&["--ctrl-loss-tmo", "-7"]).is_err());
+        // Any negative is "forever", as nvme-cli and Linux take it.
+        assert!(parse(&["--ctrl-loss-tmo", "-7"]).is_ok());
+        assert!(parse(&["--ctrl-loss-tmo", "4294968"]).is_err());
         let e = parse(&["--transport", "foo"]).err().unwrap();
         assert!(e.to_string().contains("loopback"), "{e}");
     }

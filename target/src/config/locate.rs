@@ -26,9 +26,9 @@ pub(crate) fn line_and_key(
     let line = line_of(text, span.start);
     let mut key = key_at(text, line);
     if let Some(field) = backquoted_after(message, "missing field") {
-        // toml gives the document's own errors the span 0..0.
-        let whole_document =
-            span.start == 0 && (span.end == 0 || span.end >= text.trim_end().len());
+        // toml gives the document's own errors the span 0..0 (a table opening the file spans
+        // its header and keys).
+        let whole_document = span == (0..0);
         key = if whole_document {
             field.to_owned()
         } else {
@@ -119,6 +119,12 @@ mod tests {
         assert_eq!(
             line_and_key(text, 0..0, "missing field `reactors`"),
             (1, "reactors".to_owned())
+        );
+        // A table that opens the file and runs to its end is still that table.
+        let only = "[reactors]\nbusy_poll = true\n";
+        assert_eq!(
+            line_and_key(only, 0..only.len(), "missing field `cores`"),
+            (1, "reactors.cores".to_owned())
         );
     }
 }

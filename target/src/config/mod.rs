@@ -6,7 +6,8 @@
 //!   NQN syntax, sizes), every one reported with its location;
 //! - `locate.rs`: turning a byte span of the source into `line` and a dotted key path.
 //!
-//! Every error is a [`ConfigError`] printed as `FILE:LINE: KEY: MESSAGE`; [`Config::parse`]
+//! Every error is a [`ConfigError`] printed as `FILE:LINE: KEY: MESSAGE` (`FILE: MESSAGE` for
+//! a file that cannot be read); [`Config::parse`]
 //! returns all semantic errors at once so `nvmf-tgt --check` can print every one.
 //!
 //! ```toml

@@ -204,14 +204,26 @@ fn transport(config: &Config, r: &mut Report<'_>) {
             "too few to hold one max_io_size transfer",
         );
     }
-    let pool = u64::from(*t.data_buffers.get_ref()) * u64::from(unit);
+    // Each reactor's poll group has a pool of its own.
+    let groups = config.reactors.cores.get_ref().len().max(1) as u64;
+    let pool = u64::from(*t.data_buffers.get_ref()) * u64::from(unit) * groups;
     if let Some(memory) = memory_total().filter(|m| pool > *m) {
-        r.at(
+        // The default (not written) has no place in the file: point at the io unit, or the
+        // table.
+        let span = [
             t.data_buffers.span(),
+            t.io_unit_size.span(),
+            t.listen.span(),
+        ]
+        .into_iter()
+        .find(|s| !s.is_empty())
+        .unwrap_or(0..0);
+        r.at(
+            span,
             "transport.data_buffers",
             format!(
-                "{} buffers of io_unit_size {unit} are {pool} bytes, more than this machine's \
-                 {memory} bytes of memory",
+                "{} buffers of io_unit_size {unit} on each of {groups} reactors are {pool} bytes, \
+                 more than this machine's {memory} bytes of memory",
                 t.data_buffers.get_ref()
             ),
         );

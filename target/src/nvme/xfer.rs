@@ -82,7 +82,11 @@ fn keyed(d: SglDescriptor) -> Result<Keyed, Status> {
             invalidate,
         } => {
             let length = length.get();
-            if address.checked_add(u64::from(length)).is_none() {
+            // Its last byte, address + length - 1, may be 2^64 - 1 but not beyond.
+            if address
+                .checked_add(u64::from(length).saturating_sub(1))
+                .is_none()
+            {
                 return Err(generic(GenericStatus::InvalidField));
             }
             Ok(Keyed {
@@ -223,7 +227,7 @@ mod tests {
             plan_of(&write_with(wraps), &[], &l).unwrap_err(),
             generic(GenericStatus::InvalidField)
         );
-        let ends_at_top = SglDescriptor::keyed(u64::MAX - 4096, 4096, 9, false).unwrap();
+        let ends_at_top = SglDescriptor::keyed(u64::MAX - 4095, 4096, 9, false).unwrap();
         assert!(plan_of(&write_with(ends_at_top), &[], &l).is_ok());
         let capsule = [0u8; 4096];
         let off = SglDescriptor::DataBlockOffset {

@@ -118,6 +118,15 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    // Before any transport is opened: a flag the workload ignores is the user's mistake.
+    if let (Some(_), Pattern::Read | Pattern::Write | Pattern::RandRead | Pattern::RandWrite) =
+        (args.mix, args.workload)
+    {
+        bail!(
+            "-M/--mix: {} does not mix reads and writes (rw, randrw do)",
+            args.workload
+        );
+    }
     match args.connect.transport.as_str() {
         "loopback" => {
             let target = args.connect.loopback_target().map_err(anyhow::Error::msg)?;
@@ -173,12 +182,7 @@ where
 {
     let io_size = usize::try_from(args.io_size).context("-o/--io-size")?;
     let cores = parse_cores(&args.cores).map_err(anyhow::Error::msg)?;
-    let mix = match (args.mix, args.workload) {
-        (Some(_), Pattern::Rw | Pattern::RandRw) | (None, _) => args.mix.unwrap_or(50),
-        (Some(_), other) => {
-            bail!("-M/--mix: {other:?} does not mix reads and writes (rw, randrw do)")
-        }
-    };
+    let mix = args.mix.unwrap_or(50);
     let mut options = args
         .connect
         .options(&args.connect.subnqn)
