@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use nvmf_protocol::fabrics::{
@@ -1738,20 +1739,12 @@ fn a_controller_reset_rearms_the_namespace_notice() {
     assert_eq!(got, vec![(2, 78)]);
 }
 
-/// A Disconnect on an I/O queue with a write in flight: the queue executes nothing more, and
-/// its QID stays taken until the transport drops it (its I/O ended); a new queue of that QID
-/// could otherwise run beside the old one's late write.
-#[test]
-fn a_disconnected_io_queue_keeps_its_qid_until_dropped() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let open = Arc::new(AtomicBool::new(false));
-    let gate = Arc::new(crate::bdev::gate::GateBdev::new(
-        "g0",
-        1 << 12,
-        open.clone(),
-    ));
+/// A gated namespace and an I/O queue holding a write at the gate (CID 500, tag 77), then a
+/// Fabrics Disconnect on that queue: (host, admin queue, CNTLID, the I/O queue).
+fn disconnected_with_a_write_held(open: Arc<AtomicBool>) -> (Host, Queue, u16, Queue) {
+    let gate = Arc::new(crate::bdev::gate::GateBdev::new("g0", 1 << 12, open));
     let mut h = Host::new(target_with(vec![("g0", gate)]));
-    let (_aq, cntlid) = h.admin();
+    let (aq, cntlid) = h.admin();
     let mut q = h.io_queue(1, cntlid);
     let mut block = vec![3u8; 512];
     let mut segments = [&mut block[..]];
@@ -1764,6 +1757,17 @@ fn a_disconnected_io_queue_keeps_its_qid_until_dropped() {
     );
     let disconnect = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);
     assert!(h.succeeds(&mut q, disconnect, &mut []));
+    (h, aq, cntlid, q)
+}
+
+/// A Disconnect on an I/O queue with a write in flight: the queue executes nothing more, and
+/// its QID stays taken until the transport drops it (its I/O ended); a new queue of that QID
+/// could otherwise run beside the old one's late write.
+#[test]
+fn a_disconnected_io_queue_keeps_its_qid_until_dropped() {
+    use std::sync::atomic::Ordering;
+    let open = Arc::new(AtomicBool::new(false));
+    let (mut h, _aq, cntlid, mut q) = disconnected_with_a_write_held(open.clone());
     assert!(q.should_disconnect());
     assert_eq!(
         generic(&h.exec(&mut q, rw(0x02, 1, 0, 1), &mut [0u8; 512])),
@@ -1960,23 +1964,8 @@ fn a_later_shutdown_waits_for_an_abandoned_ones_flushes() {
 /// answers still name it as SQID.
 #[test]
 fn an_abort_for_a_disconnected_queue_is_answered() {
-    use std::sync::atomic::AtomicBool;
     let open = Arc::new(AtomicBool::new(false));
-    let gate = Arc::new(crate::bdev::gate::GateBdev::new("g0", 1 << 12, open));
-    let mut h = Host::new(target_with(vec![("g0", gate)]));
-    let (mut aq, cntlid) = h.admin();
-    let mut q = h.io_queue(1, cntlid);
-    let mut block = vec![3u8; 512];
-    let mut segments = [&mut block[..]];
-    let mut buf = IoBuf::new(&mut segments);
-    let mut write = rw(0x01, 1, 0, 1);
-    write.cid = 500;
-    assert_eq!(
-        q.execute(&mut h.io, &write, &mut buf, 77, || h.now),
-        Exec::Pending
-    );
-    let disconnect = Sqe::new_fabrics(nvmf_protocol::FabricsType::Disconnect, 0);
-    assert!(h.succeeds(&mut q, disconnect, &mut []));
+    let (mut h, mut aq, _, mut q) = disconnected_with_a_write_held(open);
     let late = h.exec(&mut q, rw(0x02, 1, 0, 1), &mut [0u8; 512]);
     assert_eq!(late.sqid, 1);
     let mut none: [&mut [u8]; 0] = [];

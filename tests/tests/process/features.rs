@@ -10,17 +10,12 @@ fn host_identifier_comes_back_as_connect_gave_it() {
     let rig = Rig::new();
     let mut target = rig.start_target("nvmf-tgt.log");
     let hostid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
-    let out = rig.nvmf_ok(&[
-        "--hostid",
-        hostid,
-        "get-feature",
-        "-f",
-        "0x81",
-        "--cdw11",
-        "1",
-        "-l",
-        "16",
-    ]);
+    // Get Features 0x81 with EXHID and its 16 bytes, as text or JSON.
+    let get_host_identifier = |json: &[&str]| {
+        let feature = ["get-feature", "-f", "0x81", "--cdw11", "1", "-l", "16"];
+        rig.nvmf_ok(&[&["--hostid", hostid][..], json, &feature[..]].concat())
+    };
+    let out = get_host_identifier(&[]);
     assert!(
         out.starts_with("get-feature:0x81 (Host Identifier), Current value:0x00000000\n"),
         "{out}"
@@ -29,19 +24,8 @@ fn host_identifier_comes_back_as_connect_gave_it() {
         out.contains("0000: 0f 1e 2d 3c 4b 5a 69 78 87 96 a5 b4 c3 d2 e1 f0"),
         "{out}"
     );
-    let json: serde_json::Value = serde_json::from_str(&rig.nvmf_ok(&[
-        "--hostid",
-        hostid,
-        "--json",
-        "get-feature",
-        "-f",
-        "0x81",
-        "--cdw11",
-        "1",
-        "-l",
-        "16",
-    ]))
-    .expect("JSON");
+    let json: serde_json::Value =
+        serde_json::from_str(&get_host_identifier(&["--json"])).expect("JSON");
     assert_eq!(json["data"], "0f1e2d3c4b5a69788796a5b4c3d2e1f0");
     let (status, _, err) = rig.nvmf(&["set-feature", "-f", "0x81", "-v", "1"]);
     assert!(!status.success());
