@@ -214,6 +214,11 @@ impl Host {
         )
     }
 
+    /// CSTS.SHST as Property Get reads it.
+    fn shst(&mut self, aq: &mut Queue) -> ShutdownStatus {
+        Csts::from_u32(self.prop_get(aq, PropertyOffset::Csts).dw0).shst
+    }
+
     /// Property Set of CC.
     fn set_cc(&mut self, q: &mut Queue, cc: Cc) -> Cqe {
         self.prop_set(q, PropertyOffset::Cc, u64::from(cc.to_u32()))
@@ -234,6 +239,14 @@ impl Host {
         let c = self.connect(&mut q, qid, 127, cntlid, SUBNQN, HOST);
         assert!(c.status.is_success(), "{c:?}");
         q
+    }
+}
+
+/// CC of an enabled controller notified of a normal shutdown.
+fn normal_shutdown() -> Cc {
+    Cc {
+        shn: ShutdownNotification::Normal,
+        ..Cc::enabled_nvm()
     }
 }
 
@@ -1316,15 +1329,9 @@ fn shutdown_ends_the_io_queues_then_flushes() {
     let mut q = h.io_queue(1, cntlid);
     let mut block = vec![7u8; 4096];
     assert!(h.succeeds(&mut q, rw(0x01, 1, 0, 1), &mut block));
-    let shutdown = Cc {
-        shn: ShutdownNotification::Normal,
-        ..Cc::enabled_nvm()
-    };
-    let shst = |h: &mut Host, aq: &mut Queue| {
-        Csts::from_u32(h.prop_get(aq, PropertyOffset::Csts).dw0).shst
-    };
+    let shutdown = normal_shutdown();
     assert!(h.set_cc(&mut aq, shutdown).status.is_success());
-    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Occurring);
+    assert_eq!(h.shst(&mut aq), ShutdownStatus::Occurring);
     assert!(q.should_disconnect());
     assert_eq!(
         generic(&h.exec(&mut q, rw(0x01, 1, 0, 1), &mut block)),
@@ -1350,11 +1357,11 @@ fn shutdown_ends_the_io_queues_then_flushes() {
     assert!(h.set_cc(&mut aq, Cc::enabled_nvm()).status.is_success());
     assert!(h.set_cc(&mut aq, shutdown).status.is_success());
     assert_eq!(h.io.in_flight(), 1);
-    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Occurring);
+    assert_eq!(h.shst(&mut aq), ShutdownStatus::Occurring);
     while h.io.in_flight() > 0 {
         h.io.poll(&mut |_, c| panic!("a shutdown flush surfaced as a CQE: {c:?}"));
     }
-    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Complete);
+    assert_eq!(h.shst(&mut aq), ShutdownStatus::Complete);
 }
 
 #[test]
@@ -1907,22 +1914,16 @@ fn a_reset_abandons_a_shutdown_under_way() {
     let mut h = Host::new(t);
     let (mut aq, cntlid) = h.admin();
     let old = h.io_queue(1, cntlid);
-    let shutdown = Cc {
-        shn: ShutdownNotification::Normal,
-        ..Cc::enabled_nvm()
-    };
-    let shst = |h: &mut Host, aq: &mut Queue| {
-        Csts::from_u32(h.prop_get(aq, PropertyOffset::Csts).dw0).shst
-    };
+    let shutdown = normal_shutdown();
     assert!(h.set_cc(&mut aq, shutdown).status.is_success());
     assert!(h.set_cc(&mut aq, Cc::default()).status.is_success());
     assert!(h.set_cc(&mut aq, Cc::enabled_nvm()).status.is_success());
-    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Normal);
+    assert_eq!(h.shst(&mut aq), ShutdownStatus::Normal);
     // The old queue is still closing; a new one of the same QID works.
     let mut new = h.io_queue(1, cntlid);
     assert!(h.succeeds(&mut new, rw(0x01, 1, 0, 1), &mut vec![5u8; 4096]));
     assert!(h.set_cc(&mut aq, shutdown).status.is_success());
-    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Occurring);
+    assert_eq!(h.shst(&mut aq), ShutdownStatus::Occurring);
     assert!(new.should_disconnect());
     drop(old);
     drop(new);
@@ -1931,7 +1932,7 @@ fn a_reset_abandons_a_shutdown_under_way() {
     while h.io.in_flight() > 0 {
         h.io.poll(&mut |_, c| panic!("a shutdown flush surfaced as a CQE: {c:?}"));
     }
-    assert_eq!(shst(&mut h, &mut aq), ShutdownStatus::Complete);
+    assert_eq!(h.shst(&mut aq), ShutdownStatus::Complete);
 }
 
 /// A shutdown abandoned by a reset while its flush is in flight: the next shutdown completes
