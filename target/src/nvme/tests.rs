@@ -1208,30 +1208,8 @@ fn file_target() -> (Arc<Target>, tempfile::TempDir) {
     let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../build/test-files");
     std::fs::create_dir_all(&base).unwrap();
     let dir = tempfile::tempdir_in(base).unwrap();
-    let mut t = Target::new(Limits::default(), vec![listener()]);
     let f = FileBdev::open("f", &dir.path().join("ns"), 4096, Some(1 << 20), true).unwrap();
-    let index = t.add_bdev("f", Arc::new(f));
-    let sub = Arc::new(Subsystem::new(
-        SUBNQN,
-        "S",
-        "M",
-        true,
-        vec![],
-        4,
-        vec![listener()],
-    ));
-    let bdev = t.bdev(index).unwrap();
-    sub.add_namespace(Namespace {
-        nsid: 1,
-        bdev_index: index,
-        info: bdev.info().clone(),
-        bdev,
-        uuid: None,
-        nguid: None,
-    })
-    .unwrap();
-    t.add_subsystem(sub);
-    (Arc::new(t), dir)
+    (target_with(vec![("f", Arc::new(f))]), dir)
 }
 
 #[test]
