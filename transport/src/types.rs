@@ -52,6 +52,9 @@ pub struct SoftConfig {
     pub max_srq_wr: u32,
     pub max_cqe: u32,
     pub max_sge: u32,
+    /// SGEs an RDMA READ may carry (`max_sge_rd`): 1 on iWARP devices, whose READ lands in
+    /// one local buffer. At most `max_sge`.
+    pub max_sge_rd: u32,
     pub max_qp_rd_atom: u32,
     pub max_inline_data: u32,
 }
@@ -69,6 +72,7 @@ impl Default for SoftConfig {
             max_srq_wr: 16384,
             max_cqe: 1 << 20,
             max_sge: 16,
+            max_sge_rd: 16,
             max_qp_rd_atom: 16,
             max_inline_data: 256,
         }
@@ -111,6 +115,8 @@ pub struct DeviceAttr {
     pub max_qp: u32,
     pub max_qp_wr: u32,
     pub max_sge: u32,
+    /// SGEs one RDMA READ may carry (0 where a device does not say).
+    pub max_sge_rd: u32,
     pub max_cq: u32,
     pub max_cqe: u32,
     pub max_mr: u32,

@@ -28,8 +28,8 @@ use arrayvec::ArrayVec;
 use nvmf_protocol::sqe::{AdminOpcode, SQE_SIZE};
 use nvmf_protocol::{Cqe, Sqe};
 use nvmf_transport::pollgroup::{
-    BufferGrant, ChainWr, Handler, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_REQUEST_BUFFERS, MAX_WR_SGES,
-    PollGroup, QpairEvent, ReqId, WrKind,
+    BufferGrant, ChainWr, Handler, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_REQUEST_BUFFERS, PollGroup,
+    QpairEvent, ReqId, WrKind,
 };
 use nvmf_transport::{Access, Mr, SendOp, Sge, WcStatus};
 use slab::Slab;
@@ -332,7 +332,13 @@ impl NvmeHandler {
         // The common transfer: one keyed descriptor, whole, in one work request. Its SGEs are
         // the buffers' own: no cutting. Buffers that do not cover it take the general path,
         // which refuses them.
-        if let ([k], 0, true) = (keyed, from, units.len() <= MAX_WR_SGES && length > 0) {
+        let limits = pg.sge_limits();
+        let wr_sges = if send.is_some() {
+            limits.send
+        } else {
+            limits.read
+        };
+        if let ([k], 0, true) = (keyed, from, units.len() <= wr_sges && length > 0) {
             let covered: u32 = units.iter().map(|u| u.length).sum();
             if k.length == length && covered == length {
                 let data = ChainWr {
@@ -357,6 +363,7 @@ impl NvmeHandler {
             &units,
             keyed.iter().map(|k| k.length),
             from,
+            wr_sges,
             &mut pieces,
             &mut cuts,
         )

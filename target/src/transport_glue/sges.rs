@@ -1,7 +1,7 @@
 //! Cutting a request's data buffers (one SGE per io unit, in transfer order) into the RDMA
 //! READs or WRITEs that move it: each keyed descriptor's byte range of the transfer is split
 //! at io-unit boundaries, and into several work requests when it needs more SGEs than one
-//! carries. A transfer whose pieces do not fit one chain is cut into several chains, posted
+//! carries (the device's limit: `SgeLimits`). A transfer whose pieces do not fit one chain is cut into several chains, posted
 //! one after the other ([`next_chain`] from where the last one stopped).
 
 use arrayvec::ArrayVec;
@@ -55,15 +55,18 @@ fn slice<const P: usize>(
 /// `keyed` (back to back in transfer order; an iterator, so the caller's descriptors are read
 /// in place, not collected into a list per chain), starting at transfer byte `from`: appended to
 /// `wrs` and `pieces` (their capacities bound the chain; nothing is initialised first), each
-/// work request at most MAX_WR_SGES. Returns the transfer byte it stops at; None when `units`
+/// work request at most `wr_sges` (1..=MAX_WR_SGES: the device's limit for the WRs' kind).
+/// Returns the transfer byte it stops at; None when `units`
 /// do not cover the descriptors.
 pub fn next_chain<const P: usize, const W: usize>(
     units: &[Sge],
     keyed: impl IntoIterator<Item = u32>,
     from: u32,
+    wr_sges: usize,
     pieces: &mut ArrayVec<Sge, P>,
     wrs: &mut ArrayVec<Cut, W>,
 ) -> Option<u32> {
+    let wr_sges = wr_sges.clamp(1, MAX_WR_SGES);
     let mut pos = from;
     let mut start = 0u32;
     for (k, len) in keyed.into_iter().enumerate() {
@@ -73,7 +76,7 @@ pub fn next_chain<const P: usize, const W: usize>(
                 return Some(pos);
             }
             let first = pieces.len();
-            let room = pieces.remaining_capacity().min(MAX_WR_SGES);
+            let room = pieces.remaining_capacity().min(wr_sges);
             let covered = slice(units, pos, end - pos, room, pieces);
             let n = pieces.len() - first;
             if n == 0 {
@@ -107,9 +110,15 @@ mod tests {
             .collect()
     }
 
-    /// Cuts a whole transfer into chains as the handler does; checks every limit and that the
-    /// WRs cover each descriptor exactly, in order, with the right buffer bytes.
+    /// `cut_all_with` at MAX_WR_SGES SGEs per work request.
     fn cut_all(units: &[Sge], keyed: &[u32]) -> usize {
+        cut_all_with(units, keyed, MAX_WR_SGES)
+    }
+
+    /// Cuts a whole transfer into chains as the handler does, `wr_sges` SGEs per work request
+    /// at most; checks every limit and that the WRs cover each descriptor exactly, in order,
+    /// with the right buffer bytes. Returns the chains.
+    fn cut_all_with(units: &[Sge], keyed: &[u32], wr_sges: usize) -> usize {
         let total: u32 = keyed.iter().sum();
         let mut from = 0;
         let mut chains = 0;
@@ -117,8 +126,15 @@ mod tests {
         while from < total {
             let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
             let mut wrs = ArrayVec::<Cut, { MAX_CHAIN_WRS - 1 }>::new();
-            let end =
-                next_chain(units, keyed.iter().copied(), from, &mut pieces, &mut wrs).unwrap();
+            let end = next_chain(
+                units,
+                keyed.iter().copied(),
+                from,
+                wr_sges,
+                &mut pieces,
+                &mut wrs,
+            )
+            .unwrap();
             let (nw, ns) = (wrs.len(), pieces.len());
             assert!(end > from, "progress");
             assert!(
@@ -127,7 +143,7 @@ mod tests {
             );
             let mut at = from;
             for w in &wrs[..nw] {
-                assert!(w.sges.1 - w.sges.0 <= MAX_WR_SGES);
+                assert!(w.sges.1 - w.sges.0 <= wr_sges.clamp(1, MAX_WR_SGES));
                 assert_eq!(
                     w.remote_offset, seen[w.keyed],
                     "descriptor {} in order",
@@ -155,7 +171,7 @@ mod tests {
         let mut pieces = ArrayVec::<Sge, 4>::new();
         let mut wrs = ArrayVec::<Cut, 4>::new();
         // Two 6 KiB descriptors: the second is 2 KiB of unit 1 and 4 KiB of unit 2.
-        let end = next_chain(&u, [6144, 6144], 0, &mut pieces, &mut wrs).unwrap();
+        let end = next_chain(&u, [6144, 6144], 0, MAX_WR_SGES, &mut pieces, &mut wrs).unwrap();
         assert_eq!((wrs.len(), pieces.len(), end), (2, 4, 12288));
         assert_eq!(wrs[1].sges, (2, 4));
         assert_eq!((pieces[2].addr, pieces[2].length), (0x20000 + 2048, 2048));
@@ -163,7 +179,10 @@ mod tests {
         // Past the buffers.
         pieces.clear();
         wrs.clear();
-        assert_eq!(next_chain(&u, [16384], 0, &mut pieces, &mut wrs), None);
+        assert_eq!(
+            next_chain(&u, [16384], 0, MAX_WR_SGES, &mut pieces, &mut wrs),
+            None
+        );
     }
 
     #[test]
@@ -172,7 +191,7 @@ mod tests {
         let u = units(32);
         let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
         let mut wrs = ArrayVec::<Cut, { MAX_CHAIN_WRS - 1 }>::new();
-        let end = next_chain(&u, [131072], 0, &mut pieces, &mut wrs).unwrap();
+        let end = next_chain(&u, [131072], 0, MAX_WR_SGES, &mut pieces, &mut wrs).unwrap();
         assert_eq!(wrs.len(), 2);
         assert_eq!(wrs[1].remote_offset, 16 * 4096);
         assert!(end < 131072, "31 SGEs leave one unit for the next chain");
@@ -189,5 +208,39 @@ mod tests {
         let even = vec![8192u32; 16];
         assert_eq!(cut_all(&u, &even), 2);
         assert_eq!(cut_all(&units(2), &[4096, 4096]), 1);
+    }
+
+    #[test]
+    fn a_narrow_device_takes_more_work_requests() {
+        let u = units(32);
+        // iWARP's one SGE per READ: 32 WRs of one unit each, 16 to a chain.
+        assert_eq!(cut_all_with(&u, &[131072], 1), 2);
+        let mut pieces = ArrayVec::<Sge, { MAX_CHAIN_SGES - 1 }>::new();
+        let mut wrs = ArrayVec::<Cut, { MAX_CHAIN_WRS - 1 }>::new();
+        let end = next_chain(&u, [131072], 0, 4, &mut pieces, &mut wrs).unwrap();
+        assert_eq!(wrs.len(), 8, "four units to a WR");
+        assert_eq!(wrs[1].remote_offset, 4 * 4096);
+        assert_eq!(end, 31 * 4096, "the chain's 31 pieces");
+        // 47 pieces, one to a WR: three chains.
+        let mut keyed = vec![100u32; 15];
+        keyed.push(131072 - 1500);
+        assert_eq!(cut_all_with(&u, &keyed, 1), 3);
+        // Out of range is taken as the nearest limit.
+        assert_eq!(cut_all_with(&u, &[131072], 0), 2);
+        assert_eq!(cut_all_with(&u, &[131072], 64), 2);
+    }
+
+    proptest::proptest! {
+        /// Any descriptor lengths over the units and any SGE limit: every chain within its
+        /// limits, every descriptor covered exactly once, in order.
+        #[test]
+        fn any_cut_covers_the_transfer(
+            keyed in proptest::collection::vec(1u32..20000, 1..=16),
+            wr_sges in 1usize..=MAX_WR_SGES,
+        ) {
+            let total: u32 = keyed.iter().sum();
+            let u = units((total as usize).div_ceil(4096));
+            proptest::prop_assert!(cut_all_with(&u, &keyed, wr_sges) >= 1);
+        }
     }
 }

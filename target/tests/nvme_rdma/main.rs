@@ -75,6 +75,16 @@ impl Rig {
 
     /// A rig whose poll-group configuration `adjust` changes first.
     fn with_group(fabric: SoftFabric, adjust: impl FnOnce(&mut PollGroupConfig)) -> Rig {
+        Rig::with_device(fabric, |_| {}, adjust)
+    }
+
+    /// A rig whose soft device's configuration `device` changes first (its limits), and its
+    /// poll groups' `adjust`.
+    fn with_device(
+        fabric: SoftFabric,
+        device: impl FnOnce(&mut SoftConfig),
+        adjust: impl FnOnce(&mut PollGroupConfig),
+    ) -> Rig {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         // One address per rig, in-process and TCP rigs in separate ranges: soft devices are
         // found by address, so two live rigs must never share one (with more than 20 rigs an
@@ -122,13 +132,14 @@ impl Rig {
         .unwrap();
         t.add_subsystem(sub);
         let target = Arc::new(t);
-        let ctx = Context::open(&DeviceSpec::Soft(SoftConfig {
+        let mut soft = SoftConfig {
             name: format!("e2e{}-{n}", std::process::id()),
             fabric,
             ip,
             ..SoftConfig::default()
-        }))
-        .expect("soft device");
+        };
+        device(&mut soft);
+        let ctx = Context::open(&DeviceSpec::Soft(soft)).expect("soft device");
         let rt = Runtime::start(RuntimeConfig {
             cores: (0..REACTORS).collect(),
             pin: false,
@@ -940,7 +951,32 @@ fn split_sgl(host: &HostQueue, base: usize, lens: &[u32]) -> (SglDescriptor, Vec
 /// (two work requests, two chains), and 16 descriptors ending mid-unit are 47 pieces. Each is
 /// written and read back intact, in several chains each way.
 fn large_transfers(fabric: SoftFabric) {
-    let rig = Rig::new(fabric);
+    large_transfers_on(Rig::new(fabric));
+}
+
+/// `large_transfers` on a device narrower than the 16 SGEs a work request may carry at most:
+/// four SGEs to a WR and one to an RDMA READ (iWARP's `max_sge_rd`). The target creates its
+/// QPs within the device's limits (or no host could connect) and cuts the transfers into
+/// more work requests (the soft device refuses a READ with two SGEs at post, as hardware
+/// does).
+fn large_transfers_on_a_narrow_device(fabric: SoftFabric) {
+    let narrow = |d: &mut SoftConfig| {
+        d.max_sge = 4;
+        d.max_sge_rd = 1;
+    };
+    let rig = Rig::with_device(fabric, narrow, |_| {});
+    let limits = rig
+        .tr
+        .as_ref()
+        .unwrap()
+        .with_group(0, 0, |g| g.poll_group().sge_limits())
+        .unwrap()
+        .unwrap();
+    assert_eq!((limits.send, limits.read), (4, 1));
+    large_transfers_on(rig);
+}
+
+fn large_transfers_on(rig: Rig) {
     let (admin, _, mut io) = rig.controller();
     const LEN: usize = 131072;
     let blocks = (LEN / BLOCK as usize) as u32;
@@ -1158,6 +1194,7 @@ on_both_fabrics! {
     queue_full_inproc, queue_full_tcp => queue_full;
     controller_reset_inproc, controller_reset_tcp => controller_reset;
     large_transfers_inproc, large_transfers_tcp => large_transfers;
+    narrow_device_inproc, narrow_device_tcp => large_transfers_on_a_narrow_device;
     slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
     completions_inproc, completions_tcp => completions_counted;

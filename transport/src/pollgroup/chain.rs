@@ -21,8 +21,52 @@ pub const MAX_CHAIN_WRS: usize = 17;
 /// Most SGEs one chain holds in all (its WRs share them): a 128 KiB transfer in 4 KiB io units
 /// is 32.
 pub const MAX_CHAIN_SGES: usize = 32;
-/// Most SGEs one WR carries (the send queue's max_send_sge).
+/// Most SGEs one WR carries (the send queue's max_send_sge), on a device that allows as many.
 pub const MAX_WR_SGES: usize = 16;
+
+/// The SGEs one work request may carry on a poll group's QPs: the device's limits, at most
+/// [`MAX_WR_SGES`]. A READ may carry fewer than a WRITE or SEND (`max_sge_rd`: 1 on iWARP,
+/// whose READ lands in one local buffer; Intel's irdma allows 13 of anything). A transfer
+/// needing more is cut into more work requests by the layer above.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SgeLimits {
+    /// SEND and RDMA WRITE (the QP's max_send_sge).
+    pub send: usize,
+    /// RDMA READ.
+    pub read: usize,
+}
+
+impl SgeLimits {
+    /// A device's `max_sge` and `max_sge_rd` as limits: each at most [`MAX_WR_SGES`], the READ
+    /// one at most the other (a READ is on the send queue too). A device that reports 0 gets
+    /// 1, which every device allows.
+    pub fn of_device(max_sge: u32, max_sge_rd: u32) -> SgeLimits {
+        let clamp = |n: u32| (n as usize).clamp(1, MAX_WR_SGES);
+        let send = clamp(max_sge);
+        SgeLimits {
+            send,
+            read: clamp(max_sge_rd).min(send),
+        }
+    }
+
+    /// The SGEs a WR of `op` may carry.
+    pub fn for_op(self, op: &SendOp) -> usize {
+        match op {
+            SendOp::RdmaRead { .. } => self.read,
+            _ => self.send,
+        }
+    }
+}
+
+impl Default for SgeLimits {
+    /// [`MAX_WR_SGES`] of each.
+    fn default() -> SgeLimits {
+        SgeLimits {
+            send: MAX_WR_SGES,
+            read: MAX_WR_SGES,
+        }
+    }
+}
 
 const _: () = assert!(MAX_CHAIN_WRS as u32 <= wrid::MAX_POSITION);
 
@@ -96,21 +140,30 @@ impl Chain {
     /// Writes a new chain; the last WR is signaled, the others are not. Checked whole before
     /// anything is written (a refused chain leaves the old one as it was); then one pass
     /// writes it (it runs once or twice per NVMe I/O).
-    pub(crate) fn set(&mut self, chain: &[ChainWr<'_>], max_inline: u32) -> Result<()> {
+    pub(crate) fn set(
+        &mut self,
+        chain: &[ChainWr<'_>],
+        max_inline: u32,
+        limits: SgeLimits,
+    ) -> Result<()> {
         let bad = |m: String| Err(TransportError::InvalidArgument(m));
         if chain.is_empty() || chain.len() > MAX_CHAIN_WRS {
             return bad(format!("a chain has 1..={MAX_CHAIN_WRS} work requests"));
         }
         let mut total = 0usize;
-        let mut widest = 0usize;
         for wr in chain {
-            total += wr.sges.len();
-            widest = widest.max(wr.sges.len());
+            let n = wr.sges.len();
+            total += n;
+            // The READ limit is the lower: only a WR above it needs its kind looked at.
+            if n > limits.read && n > limits.for_op(&wr.op) {
+                return bad(format!(
+                    "{n} SGEs in one work request: the device allows {} ({} for an RDMA READ)",
+                    limits.send, limits.read
+                ));
+            }
         }
-        if total > MAX_CHAIN_SGES || widest > MAX_WR_SGES {
-            return bad(format!(
-                "a chain holds at most {MAX_CHAIN_SGES} SGEs, {MAX_WR_SGES} per work request"
-            ));
+        if total > MAX_CHAIN_SGES {
+            return bad(format!("a chain holds at most {MAX_CHAIN_SGES} SGEs"));
         }
         let mut at = 0usize;
         let mut reads = 0u8;
@@ -281,7 +334,7 @@ mod tests {
             })
             .collect();
         let mut c = Chain::new();
-        c.set(&wrs, 0).unwrap();
+        c.set(&wrs, 0, SgeLimits::default()).unwrap();
         c.all_posted();
         c
     }
@@ -358,21 +411,56 @@ mod tests {
 
     #[test]
     fn limits_are_checked() {
+        let all = SgeLimits::default();
         let s = [sge(0); MAX_WR_SGES + 1];
         let mut c = Chain::new();
-        assert!(c.set(&[], 0).is_err());
+        assert!(c.set(&[], 0, all).is_err());
         let big = ChainWr {
             op: SendOp::Send,
             sges: &s,
             inline: false,
         };
-        assert!(c.set(&[big], 0).is_err());
+        assert!(c.set(&[big], 0, all).is_err());
         let ok = ChainWr {
             op: SendOp::Send,
             sges: &s[..1],
             inline: false,
         };
-        assert!(c.set(&[ok; MAX_CHAIN_WRS + 1], 0).is_err());
-        assert!(c.set(&[ok; MAX_CHAIN_WRS], 0).is_ok());
+        assert!(c.set(&[ok; MAX_CHAIN_WRS + 1], 0, all).is_err());
+        assert!(c.set(&[ok; MAX_CHAIN_WRS], 0, all).is_ok());
+    }
+
+    #[test]
+    fn a_device_narrower_than_sixteen_sges() {
+        let narrow = SgeLimits::of_device(4, 1);
+        assert_eq!((narrow.send, narrow.read), (4, 1));
+        assert_eq!(SgeLimits::of_device(32, 30), SgeLimits::default());
+        assert_eq!(SgeLimits::of_device(0, 0), SgeLimits { send: 1, read: 1 });
+        assert_eq!(SgeLimits::of_device(2, 8), SgeLimits { send: 2, read: 2 });
+        let s = [sge(0); 5];
+        let wr = |op: SendOp, n: usize| ChainWr {
+            op,
+            sges: &s[..n],
+            inline: false,
+        };
+        let read = SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: 1,
+        };
+        let write = SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: 1,
+        };
+        let mut c = Chain::new();
+        assert!(c.set(&[wr(read, 1), wr(read, 1)], 0, narrow).is_ok());
+        c = Chain::new();
+        assert!(c.set(&[wr(read, 2)], 0, narrow).is_err());
+        assert!(
+            c.set(&[wr(write, 4), wr(SendOp::Send, 1)], 0, narrow)
+                .is_ok()
+        );
+        c = Chain::new();
+        assert!(c.set(&[wr(write, 5)], 0, narrow).is_err());
+        assert!(c.set(&[wr(SendOp::Send, 5)], 0, narrow).is_err());
     }
 }

@@ -27,7 +27,6 @@ use crate::types::{
     AsyncEventKind, CmEventKind, ConnParam, QpCaps, QpState, SendFlags, SendOp, SendWr,
 };
 
-use super::chain::MAX_WR_SGES;
 use super::qpair::{Drain, DrainReason, QpRef, QpairNode, QpairPhase, QpairState};
 use super::request::Handler;
 use super::wrid::{self, WrKind};
@@ -55,12 +54,13 @@ pub enum QpairEvent {
 
 impl<R: Default> PollGroup<R> {
     /// The attributes a QP of this group is created with: this group's CQ and SRQ, a send
-    /// queue for a full queue of the longest chains (capped by the device).
+    /// queue for a full queue of the longest chains and the SGEs a WR may carry (both capped
+    /// by the device).
     fn qp_caps(&self) -> QpCaps {
         QpCaps {
             max_send_wr: self.cfg.max_send_wr().min(self.device_max_qp_wr),
             max_recv_wr: self.recvs_per_qpair(),
-            max_send_sge: MAX_WR_SGES as u32,
+            max_send_sge: self.sge_limits.send as u32,
             max_recv_sge: 1,
             max_inline_data: 64,
         }

@@ -48,7 +48,7 @@ use crate::device::{CompChannel, Context, Cq, Pd, Srq};
 use crate::error::{Result, TransportError};
 use crate::types::{SrqInit, WorkCompletion};
 
-pub use chain::{ChainWr, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_WR_SGES, kind_of};
+pub use chain::{ChainWr, MAX_CHAIN_SGES, MAX_CHAIN_WRS, MAX_WR_SGES, SgeLimits, kind_of};
 pub use host::{QpairHandle, RecvMode, RecvRepost, Role};
 pub use lifecycle::{AddQpairError, QpairEvent};
 pub use placement::{Placement, PlacementPolicy};
@@ -326,6 +326,8 @@ pub struct PollGroup<R = ()> {
     /// min(max_qp_rd_atom, max_qp_init_rd_atom): the most a qpair's read depth can be.
     device_read_depth: u32,
     device_max_qp_wr: u32,
+    /// The SGEs a work request may carry on this device (its QPs are created with them).
+    sge_limits: SgeLimits,
     /// The CQ failed: the group takes no more work.
     failed: Option<String>,
     /// Test fault: the next send post on (qpair index) hands over only this many WRs.
@@ -388,6 +390,12 @@ impl<R> PollGroup<R> {
                 "request objects capped so the poll group's CQ fits the device"
             );
         }
+        if attr.max_sge_rd == 0 {
+            tracing::warn!(
+                max_sge = attr.max_sge,
+                "the device does not report max_sge_rd: RDMA READs carry one SGE each"
+            );
+        }
         let cq_depth = cfg.cq_depth();
         let channel = ctx.create_comp_channel()?;
         let cq = ctx.create_cq(cq_depth, Some(&channel))?;
@@ -448,6 +456,7 @@ impl<R> PollGroup<R> {
             max_inline: 0,
             device_read_depth: attr.max_qp_rd_atom.min(attr.max_qp_init_rd_atom),
             device_max_qp_wr: attr.max_qp_wr,
+            sge_limits: SgeLimits::of_device(attr.max_sge, attr.max_sge_rd),
             failed: None,
             post_fault: None,
             tree_lookups: Cell::new(0),
@@ -562,6 +571,12 @@ impl<R> PollGroup<R> {
     /// Qpairs draining now.
     pub fn draining(&self) -> usize {
         self.draining.len()
+    }
+
+    /// The SGEs one work request may carry here: a chain's WRs must keep within them
+    /// (`post_chain` refuses one that does not).
+    pub fn sge_limits(&self) -> SgeLimits {
+        self.sge_limits
     }
 
     /// Qpairs in the group (connecting, active or draining).

@@ -600,7 +600,7 @@ impl<R: Default> PollGroup<R> {
 mod tests {
     use super::*;
     use crate::device::{Context, DeviceSpec};
-    use crate::pollgroup::chain::{Chain, ChainWr};
+    use crate::pollgroup::chain::{Chain, ChainWr, SgeLimits};
     use crate::pollgroup::lifecycle::QpairEvent;
     use crate::pollgroup::request::ReqId;
     use crate::pollgroup::{BufferGrant, PollGroupConfig, SlotState};
@@ -663,7 +663,9 @@ mod tests {
             sges: &[],
             inline: false,
         }];
-        pg.chains[req.index as usize].set(&chain, 0).unwrap();
+        pg.chains[req.index as usize]
+            .set(&chain, 0, SgeLimits::default())
+            .unwrap();
         pg.chain_posted(req.index);
         pg.qpairs[qref.index as usize].reserve(1, 0);
         req
@@ -762,7 +764,7 @@ mod tests {
         };
         let silent_of = |chains: &mut [Chain], ops: &[SendOp]| {
             for (c, op) in chains.iter_mut().zip(ops) {
-                c.set(&[one(*op)], 0).unwrap();
+                c.set(&[one(*op)], 0, SgeLimits::default()).unwrap();
             }
             let batch: Vec<u32> = (0..ops.len() as u32).collect();
             let mut wrs = ArrayVec::<SendWr, POST_WRS>::new();
@@ -890,6 +892,7 @@ mod tests {
                         inline: false,
                     }],
                     0,
+                    SgeLimits::default(),
                 )
                 .unwrap();
             pg.chain_posted(req.index);
@@ -942,7 +945,9 @@ mod tests {
             inline: false,
         }];
         let post = |pg: &mut PollGroup<()>, req: ReqId| {
-            pg.chains[req.index as usize].set(&send, 0).unwrap();
+            pg.chains[req.index as usize]
+                .set(&send, 0, SgeLimits::default())
+                .unwrap();
             pg.reqs[req.index as usize].owned = true;
             pg.chain_posted(req.index);
             pg.qpairs[handle.0.index as usize].reserve(1, 0);

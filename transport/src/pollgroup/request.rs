@@ -504,7 +504,7 @@ impl<R> PollGroup<R> {
         answers: bool,
         owned: bool,
     ) -> Result<()> {
-        let max_inline = self.max_inline;
+        let (max_inline, sge_limits) = (self.max_inline, self.sge_limits);
         // One lookup for the checks and the update (fields borrowed apart: the chain and the
         // buffers are written in between).
         let live = self.req_generation.get(req.index as usize) == Some(&req.generation);
@@ -529,7 +529,7 @@ impl<R> PollGroup<R> {
                 "{req:?} was already answered"
             )));
         }
-        self.chains[req.index as usize].set(chain, max_inline)?;
+        self.chains[req.index as usize].set(chain, max_inline, sge_limits)?;
         // An RDMA READ writes its local SGEs: those data buffers no longer hold known zeroes.
         for wr in chain {
             if matches!(wr.op, SendOp::RdmaRead { .. }) {

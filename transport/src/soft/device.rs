@@ -53,6 +53,7 @@ fn same_config(a: &SoftConfig, b: &SoftConfig) -> bool {
         && a.max_srq_wr == b.max_srq_wr
         && a.max_cqe == b.max_cqe
         && a.max_sge == b.max_sge
+        && a.max_sge_rd == b.max_sge_rd
         && a.max_qp_rd_atom == b.max_qp_rd_atom
         && a.max_inline_data == b.max_inline_data
 }
@@ -80,6 +81,12 @@ pub(crate) fn open(cfg: &SoftConfig) -> Result<SoftContext> {
         return Err(TransportError::InvalidArgument(format!(
             "soft device max_sge must be 1..={SOFT_MAX_SGE}, not {}",
             cfg.max_sge
+        )));
+    }
+    if cfg.max_sge_rd == 0 || cfg.max_sge_rd > cfg.max_sge {
+        return Err(TransportError::InvalidArgument(format!(
+            "soft device max_sge_rd must be 1..=max_sge ({}), not {}",
+            cfg.max_sge, cfg.max_sge_rd
         )));
     }
     if cfg.max_qp > QPN_MASK - FIRST_QPN {
@@ -298,6 +305,7 @@ impl DeviceInner {
             max_qp: c.max_qp,
             max_qp_wr: c.max_qp_wr,
             max_sge: c.max_sge,
+            max_sge_rd: c.max_sge_rd,
             max_cq: 1 << 20,
             max_cqe: c.max_cqe,
             max_mr: 1 << 21,

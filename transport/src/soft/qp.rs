@@ -1162,6 +1162,17 @@ impl SoftQp {
                 sh.caps.max_send_sge
             )));
         }
+        // A READ may carry fewer SGEs than the send queue (`max_sge_rd`, 1 on iWARP).
+        if wr.sges.len() > 1
+            && matches!(wr.op, SendOp::RdmaRead { .. })
+            && wr.sges.len() > sh.dev.cfg.max_sge_rd as usize
+        {
+            return Err(TransportError::InvalidArgument(format!(
+                "RDMA READ with {} SGEs, device max_sge_rd {}",
+                wr.sges.len(),
+                sh.dev.cfg.max_sge_rd
+            )));
+        }
         if wr.flags.contains(SendFlags::INLINE) {
             let len: u64 = wr.sges.iter().map(|s| u64::from(s.length)).sum();
             if len > u64::from(sh.caps.max_inline_data) {

@@ -11,6 +11,7 @@ both_fabrics!(
     send_recv,
     inline_send,
     write_read_good,
+    read_sge_limit,
     bad_rkey_write,
     bad_rkey_read_bounds_access,
     wrong_lkey,
@@ -110,6 +111,60 @@ fn inline_send(f: SoftFabric) {
         )])
         .unwrap_err();
     assert_eq!(e.failed_index, 0);
+}
+
+/// A device's `max_sge_rd` below its `max_sge` (iWARP's 1): an RDMA READ with more SGEs is
+/// refused at post, as a device refuses it; one within the limit, and a WRITE with more, go.
+fn read_sge_limit(f: SoftFabric) {
+    let narrow = |c: &mut SoftConfig| {
+        c.max_sge = 4;
+        c.max_sge_rd = 1;
+    };
+    let o = Opts::default();
+    let (da, db) = (device_with(f, narrow), device_with(f, narrow));
+    assert_eq!(da.query_device().unwrap().max_sge_rd, 1);
+    let (mut a, mut b) = (side(&da, &o), side(&db, &o));
+    connect(&mut a.qp, &mut b.qp, &o);
+    let net = Net::new(&[&a.cq, &b.cq]);
+    let rkey = b.mr.rkey();
+    b.mr.write_at(0, b"readme").unwrap();
+    let read = SendOp::RdmaRead {
+        remote_addr: b.mr.addr(),
+        rkey,
+    };
+    let two = [a.mr.sge(100, 3), a.mr.sge(200, 3)];
+    let e =
+        a.qp.post_send(&[send_wr(1, read, &two, SendFlags::SIGNALED)])
+            .unwrap_err();
+    assert_eq!(e.failed_index, 0);
+    a.qp.post_send(&[send_wr(2, read, &two[..1], SendFlags::SIGNALED)])
+        .unwrap();
+    let c = net.wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::Success));
+    assert_eq!(&a.mr.read_vec(100..103).unwrap()[..], b"rea");
+    let write = SendOp::RdmaWrite {
+        remote_addr: b.mr.addr() + 64,
+        rkey,
+    };
+    a.qp.post_send(&[send_wr(3, write, &two, SendFlags::SIGNALED)])
+        .unwrap();
+    let c = net.wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (3, WcStatus::Success));
+    assert_eq!(&b.mr.read_vec(64..67).unwrap()[..], b"rea");
+    for bad in [0, 5] {
+        let refused = Soft::open(&SoftConfig {
+            name: format!("rd-limit-{bad}-{f:?}"),
+            fabric: f,
+            max_sge: 4,
+            max_sge_rd: bad,
+            ..SoftConfig::default()
+        });
+        let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            message.contains("max_sge_rd"),
+            "max_sge_rd {bad}: {message:?}"
+        );
+    }
 }
 
 fn write_read_good(f: SoftFabric) {

@@ -226,6 +226,7 @@ pub(crate) fn device_attr_from(
         max_qp: non_neg(a.max_qp),
         max_qp_wr: non_neg(a.max_qp_wr),
         max_sge: non_neg(a.max_sge),
+        max_sge_rd: non_neg(a.max_sge_rd),
         max_cq: non_neg(a.max_cq),
         max_cqe: non_neg(a.max_cqe),
         max_mr: non_neg(a.max_mr),
@@ -417,6 +418,7 @@ mod tests {
         a.max_qp_wr = 16384;
         a.max_srq_wr = 8192;
         a.max_sge = 32;
+        a.max_sge_rd = 1;
         a.max_qp_rd_atom = 128;
         a.max_qp_init_rd_atom = 64;
         a.max_cqe = -1; // nonsense from a device must not wrap
@@ -434,8 +436,8 @@ mod tests {
         assert_eq!(d.fw_ver, "1.2");
         assert_eq!(d.node_guid, 0x0102_0304_0506_0708);
         assert_eq!(
-            (d.max_qp, d.max_qp_wr, d.max_srq_wr, d.max_sge),
-            (1024, 16384, 8192, 32)
+            (d.max_qp, d.max_qp_wr, d.max_srq_wr, d.max_sge, d.max_sge_rd),
+            (1024, 16384, 8192, 32, 1)
         );
         assert_eq!((d.max_qp_rd_atom, d.max_qp_init_rd_atom), (128, 64));
         assert_eq!(d.max_cqe, 0);

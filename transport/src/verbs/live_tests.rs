@@ -169,6 +169,8 @@ fn verbs_live_device_port_gids() {
     println!("device {}: {d:#?}", ctx.name());
     assert!(d.max_qp > 0 && d.max_qp_wr > 0 && d.max_sge > 0 && d.max_srq_wr > 0);
     assert!(d.max_qp_rd_atom > 0 && d.max_qp_init_rd_atom > 0);
+    // The poll group sizes its RDMA READs by it (rxe: 32 of 32).
+    assert!(d.max_sge_rd > 0 && d.max_sge_rd <= d.max_sge, "{d:?}");
     assert!(d.phys_port_cnt >= 1);
     if ctx.name().starts_with("rxe") {
         assert!(
