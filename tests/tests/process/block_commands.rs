@@ -74,4 +74,16 @@ fn write_zeroes_and_deallocate_clear_exactly_their_blocks() {
     );
     let status = sigterm(&mut target);
     assert!(status.success(), "nvmf-tgt: {status}");
+
+    // The target gone: the failure is one line, each cause in it once (the library errors'
+    // messages hold their causes' text too, and anyhow's list repeated it).
+    let (status, _, err) = rig.nvmf(&["connect"]);
+    assert!(!status.success(), "connected to a stopped target");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error: connect to "))
+        .unwrap_or_else(|| panic!("no error line: {err}"));
+    let last = line.rsplit(": ").next().unwrap_or_default();
+    assert_eq!(line.matches(last).count(), 1, "{line}");
+    assert!(!err.contains("Caused by"), "{err}");
 }

@@ -105,7 +105,11 @@ fn cores(s: &str) -> Result<String, String> {
     parse_cores(s).map(|_| s.to_owned())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    nvmf_initiator::cli::report::finish(run_tool())
+}
+
+fn run_tool() -> anyhow::Result<()> {
     // Without RUST_LOG: warnings, and the controller's connection story (lost, reconnected).
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(

@@ -229,7 +229,11 @@ fn parse_u32(s: &str) -> Result<u32, String> {
     r.map_err(|_| format!("'{s}' is not a number (decimal or 0x hex)"))
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    nvmf_initiator::cli::report::finish(run_tool())
+}
+
+fn run_tool() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
