@@ -14,9 +14,10 @@
 //! `transport_glue::handler`). The memory is then treated like registered memory a NIC DMAs
 //! into.
 
-/// Most segments one command's data may span (the poll group splits a transfer over at most
-/// 16 data buffers).
-pub const MAX_SEGMENTS: usize = 16;
+/// Most segments one command's data may span: the data buffers a poll-group request holds
+/// (a 128 KiB transfer in 4 KiB io units is 32). It was 16 while a request held 32, and a file
+/// namespace failed every transfer of more than 16 buffers.
+pub const MAX_SEGMENTS: usize = nvmf_transport::pollgroup::MAX_REQUEST_BUFFERS;
 
 /// The data segments of one command. See the module documentation for the lending contract.
 pub struct IoBuf<'a, 'b> {

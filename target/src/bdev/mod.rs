@@ -237,8 +237,16 @@ pub(crate) mod testing {
 
     /// Submit and, if queued, poll until done.
     pub fn run(ch: &mut dyn BdevChannel, op: BdevOp<'_>, data: &mut [u8]) -> IoStatus {
-        let mut segs = [data];
-        let mut buf = IoBuf::new(&mut segs);
+        run_segments(ch, op, &mut [data])
+    }
+
+    /// `run` with the data in `segs`, in transfer order (a poll group's data buffers).
+    pub fn run_segments(
+        ch: &mut dyn BdevChannel,
+        op: BdevOp<'_>,
+        segs: &mut [&mut [u8]],
+    ) -> IoStatus {
+        let mut buf = IoBuf::new(segs);
         match ch.submit(op, &mut buf, 7) {
             Submitted::Done(s) => s,
             Submitted::Queued => {
