@@ -13,8 +13,12 @@
 //! - Flush: FSYNC with DATASYNC, which reaches stable storage (data and the metadata needed to
 //!   read it back), also under O_DIRECT where the device may cache.
 //! - Write Zeroes / Deallocate: FALLOCATE with ZERO_RANGE / PUNCH_HOLE (KEEP_SIZE); when the
-//!   file system refuses (EOPNOTSUPP / EINVAL) the channel remembers and writes zeroes from a
-//!   zeroed buffer instead, so deallocated blocks always read back as zeroes.
+//!   file system refuses (EOPNOTSUPP / EINVAL) the channel remembers and falls back: a punch to
+//!   ZERO_RANGE, then to writing zeroes from a zeroed buffer, so deallocated blocks always read
+//!   back as zeroes. The zero writes go a few at a time ([`ZERO_WRITES_IN_FLIGHT`] per
+//!   command, the next on each completion), so deallocating a whole namespace does not flood
+//!   the ring, and each must write its whole chunk. A durable one (FUA, or the write cache
+//!   off) ends with FSYNC DATASYNC once every part of it is done.
 //! - Compare: reads into an aligned scratch buffer and compares with a copy of the host's
 //!   data taken at submit.
 //!
@@ -42,6 +46,8 @@ use super::{
 const RING_ENTRIES: u32 = 256;
 /// Size of the zero buffer the write-zeroes fallback writes from.
 const ZERO_CHUNK: usize = 256 * 1024;
+/// Zero-writing WRITEs one command keeps in flight at most.
+const ZERO_WRITES_IN_FLIGHT: u32 = 8;
 /// Memory alignment O_DIRECT needs at most (a page covers every logical block size).
 const DIRECT_ALIGN: usize = 4096;
 
@@ -135,6 +141,8 @@ impl FileBdev {
             zeroes: AlignedBuf::new(ZERO_CHUNK),
             fallocate_zero: true,
             fallocate_punch: true,
+            closing: false,
+            zeroing_syncs: 0,
         })
     }
 }
@@ -246,6 +254,12 @@ struct Slot {
     ranges: Vec<BlockRange>,
     /// Byte count a READV/WRITEV must transfer.
     expect_bytes: usize,
+    /// Parts of ranges still to be written with zeroes (the fallback), taken from the end.
+    zero_todo: Vec<BlockRange>,
+    /// Zero-writing WRITEs in flight.
+    zero_writes: u32,
+    /// Durable zeroing: FSYNC DATASYNC once everything else is back.
+    sync_after: bool,
 }
 
 impl Slot {
@@ -261,6 +275,9 @@ impl Slot {
             expected: Vec::new(),
             ranges: Vec::new(),
             expect_bytes: 0,
+            zero_todo: Vec::new(),
+            zero_writes: 0,
+            sync_after: false,
         }
     }
 }
@@ -268,12 +285,16 @@ impl Slot {
 /// What an SQE was, packed into its user data with the slot index.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Sub {
-    /// READV/WRITEV/FSYNC or a zero-writing WRITE: success or failure.
+    /// READV/WRITEV/FSYNC: success or failure.
     Data,
     /// FALLOCATE ZERO_RANGE of `ranges[i]`.
     ZeroRange(u16),
     /// FALLOCATE PUNCH_HOLE of `ranges[i]`.
     Punch(u16),
+    /// A WRITE of this many blocks of zeroes (at most ZERO_CHUNK bytes: 512 blocks of 512).
+    ZeroWrite(u16),
+    /// The FSYNC DATASYNC that ends a durable zeroing.
+    ZeroingSync,
 }
 
 fn user_data(slot: u32, sub: Sub) -> u64 {
@@ -281,6 +302,8 @@ fn user_data(slot: u32, sub: Sub) -> u64 {
         Sub::Data => (0u64, 0u64),
         Sub::ZeroRange(i) => (1, u64::from(i)),
         Sub::Punch(i) => (2, u64::from(i)),
+        Sub::ZeroWrite(blocks) => (3, u64::from(blocks)),
+        Sub::ZeroingSync => (4, 0),
     };
     u64::from(slot) | (i << 32) | (k << 48)
 }
@@ -291,6 +314,8 @@ fn decode_user_data(v: u64) -> (u32, Sub) {
     let sub = match v >> 48 {
         1 => Sub::ZeroRange(i),
         2 => Sub::Punch(i),
+        3 => Sub::ZeroWrite(i),
+        4 => Sub::ZeroingSync,
         _ => Sub::Data,
     };
     (slot, sub)
@@ -315,6 +340,10 @@ struct FileChannel {
     fallocate_zero: bool,
     /// The file system did not refuse FALLOC_FL_PUNCH_HOLE yet.
     fallocate_punch: bool,
+    /// Dropping: no new zero writes are started.
+    closing: bool,
+    /// FSYNCs that made a zeroing durable, completed (for the tests).
+    zeroing_syncs: u64,
 }
 
 impl FileChannel {
@@ -344,6 +373,9 @@ impl FileChannel {
         s.expected.clear();
         s.ranges.clear();
         s.expect_bytes = 0;
+        s.zero_todo.clear();
+        s.zero_writes = 0;
+        s.sync_after = false;
         self.live += 1;
         index
     }
@@ -373,11 +405,17 @@ impl FileChannel {
         Ok(())
     }
 
-    /// Push `entry` for slot `index`, counting it, or record the failure.
-    fn push_for(&mut self, index: u32, entry: squeue::Entry) {
+    /// Push `entry` for slot `index`, counting it, or record the failure. True if pushed.
+    fn push_for(&mut self, index: u32, entry: squeue::Entry) -> bool {
         match self.push(entry) {
-            Ok(()) => self.slots[index as usize].remaining += 1,
-            Err(errno) => self.fail(index, IoStatus::Failed(errno)),
+            Ok(()) => {
+                self.slots[index as usize].remaining += 1;
+                true
+            }
+            Err(errno) => {
+                self.fail(index, IoStatus::Failed(errno));
+                false
+            }
         }
     }
 
@@ -486,20 +524,45 @@ impl FileChannel {
         self.settle(index)
     }
 
-    /// WRITE SQEs of zeroes over `range` for slot `index`.
+    /// Zeroes over `range` for slot `index`, by WRITEs from the zero buffer: queued, and
+    /// started up to the slot's limit.
     fn push_zero_writes(&mut self, index: u32, range: BlockRange) {
-        let mut offset = self.byte_offset(range.lba);
-        let mut left = u64::from(range.blocks) * u64::from(self.info.block_size);
+        self.slots[index as usize].zero_todo.push(range);
+        self.pump_zero_writes(index);
+    }
+
+    /// Starts the slot's next zero WRITEs while it has fewer than ZERO_WRITES_IN_FLIGHT; none
+    /// once it failed or the channel is closing (what is left is dropped).
+    fn pump_zero_writes(&mut self, index: u32) {
+        let chunk_blocks = (ZERO_CHUNK as u32 / self.info.block_size).max(1);
         let ptr = self.zeroes.as_slice().as_ptr();
-        while left > 0 {
-            let n = left.min(ZERO_CHUNK as u64);
-            let entry = opcode::Write::new(self.fd(), ptr, n as u32)
-                .offset(offset)
+        loop {
+            let s = &mut self.slots[index as usize];
+            if s.status != IoStatus::Success || self.closing {
+                s.zero_todo.clear();
+                return;
+            }
+            if s.zero_writes >= ZERO_WRITES_IN_FLIGHT {
+                return;
+            }
+            let Some(range) = s.zero_todo.last_mut() else {
+                return;
+            };
+            let blocks = range.blocks.min(chunk_blocks);
+            let lba = range.lba;
+            range.lba += u64::from(blocks);
+            range.blocks -= blocks;
+            if range.blocks == 0 {
+                s.zero_todo.pop();
+            }
+            let entry = opcode::Write::new(self.fd(), ptr, blocks * self.info.block_size)
+                .offset(self.byte_offset(lba))
                 .build()
-                .user_data(user_data(index, Sub::Data));
-            self.push_for(index, entry);
-            offset += n;
-            left -= n;
+                // chunk_blocks <= ZERO_CHUNK / 512 fits the sub-operation's 16 bits.
+                .user_data(user_data(index, Sub::ZeroWrite(blocks as u16)));
+            if self.push_for(index, entry) {
+                self.slots[index as usize].zero_writes += 1;
+            }
         }
     }
 
@@ -525,8 +588,15 @@ impl FileChannel {
         self.push_for(index, entry);
     }
 
-    /// Zero (or punch) `ranges`, by fallocate while the file system allows it.
-    fn zero_ranges(&mut self, ranges: &[BlockRange], punch: bool, tag: u64) -> Submitted {
+    /// Zero (or punch) `ranges`, by fallocate while the file system allows it; `durable`:
+    /// synced before it completes.
+    fn zero_ranges(
+        &mut self,
+        ranges: &[BlockRange],
+        punch: bool,
+        durable: bool,
+        tag: u64,
+    ) -> Submitted {
         for r in ranges {
             if let Err(s) = check_io(&self.info, r.lba, r.blocks, usize::MAX) {
                 return Submitted::Done(s);
@@ -534,21 +604,30 @@ impl FileChannel {
         }
         let index = self.take_slot(tag, SlotKind::Plain);
         self.slots[index as usize].ranges.extend_from_slice(ranges);
-        let by_fallocate = if punch {
-            self.fallocate_punch
-        } else {
-            self.fallocate_zero
-        };
+        self.slots[index as usize].sync_after = durable;
         for (i, r) in ranges.iter().enumerate() {
             match u16::try_from(i) {
-                Ok(i) if by_fallocate => self.push_fallocate(index, i, punch),
-                _ => self.push_zero_writes(index, *r),
+                Ok(i) => self.zero_one(index, i, *r, punch),
+                Err(_) => self.push_zero_writes(index, *r),
             }
         }
         self.settle(index)
     }
 
-    /// One SQE of slot `index` completed with `result`.
+    /// Range `i` of the slot by the best way the file system has not refused: a punch, else
+    /// ZERO_RANGE (the kernel zeroes; on a block device it may offload), else zero writes.
+    fn zero_one(&mut self, index: u32, i: u16, range: BlockRange, punch: bool) {
+        if punch && self.fallocate_punch {
+            self.push_fallocate(index, i, true);
+        } else if self.fallocate_zero {
+            self.push_fallocate(index, i, false);
+        } else {
+            self.push_zero_writes(index, range);
+        }
+    }
+
+    /// One SQE of slot `index` completed with `result`. Work it leads to (a fallback, the next
+    /// zero writes, the closing sync) is pushed before the caller looks at `remaining`.
     fn complete_sub(&mut self, index: u32, sub: Sub, result: i32) {
         let Some(s) = self.slots.get_mut(index as usize) else {
             return;
@@ -557,26 +636,49 @@ impl FileChannel {
         let refused = result == -libc::EOPNOTSUPP || result == -libc::EINVAL;
         match sub {
             Sub::ZeroRange(i) | Sub::Punch(i) if refused => {
-                if matches!(sub, Sub::Punch(_)) {
+                let punch = matches!(sub, Sub::Punch(_));
+                if punch {
                     self.fallocate_punch = false;
                 } else {
                     self.fallocate_zero = false;
                 }
-                tracing::debug!(bdev = %self.info.name, ?sub, "fallocate refused; writing zeroes");
-                let r = self.slots[index as usize].ranges[usize::from(i)];
-                self.push_zero_writes(index, r);
+                tracing::debug!(bdev = %self.info.name, ?sub, "fallocate refused; falling back");
+                if let Some(r) = self.slots[index as usize].ranges.get(usize::from(i)) {
+                    let r = *r;
+                    self.zero_one(index, i, r, punch);
+                }
+            }
+            Sub::ZeroWrite(blocks) => {
+                s.zero_writes = s.zero_writes.saturating_sub(1);
+                let want = i64::from(blocks) * i64::from(self.info.block_size);
+                if result < 0 {
+                    self.fail(index, IoStatus::Failed(-result));
+                } else if i64::from(result) != want {
+                    // Short (a full file system part-way): the blocks are not all zero.
+                    self.fail(index, IoStatus::Failed(libc::EIO));
+                }
+                self.pump_zero_writes(index);
             }
             _ if result < 0 => self.fail(index, IoStatus::Failed(-result)),
+            Sub::ZeroingSync => self.zeroing_syncs += 1,
             Sub::Data => {
                 let s = &self.slots[index as usize];
                 let want = s.expect_bytes;
-                // READV/WRITEV transfer exactly `expect_bytes`; zero WRITEs and FSYNC have
-                // expect_bytes 0 in their slot or return their own length.
-                if want != 0 && result as usize != want && s.ranges.is_empty() {
+                // READV/WRITEV transfer exactly `expect_bytes`; FSYNC has expect_bytes 0.
+                if want != 0 && result as usize != want {
                     self.fail(index, IoStatus::Failed(libc::EIO));
                 }
             }
             _ => {}
+        }
+        let s = &mut self.slots[index as usize];
+        if s.remaining == 0 && s.sync_after && s.status == IoStatus::Success && !self.closing {
+            s.sync_after = false;
+            let entry = opcode::Fsync::new(self.fd())
+                .flags(types::FsyncFlags::DATASYNC)
+                .build()
+                .user_data(user_data(index, Sub::ZeroingSync));
+            self.push_for(index, entry);
         }
     }
 
@@ -632,10 +734,10 @@ impl BdevChannel for FileChannel {
             // RWF_DSYNC: the write and the metadata to read it back are durable at completion.
             BdevOp::WriteFua { lba, blocks } => self.read_write(true, true, lba, blocks, data, tag),
             BdevOp::Compare { lba, blocks } => self.compare(lba, blocks, data, tag),
-            BdevOp::WriteZeroes { lba, blocks } => {
-                self.zero_ranges(&[BlockRange { lba, blocks }], false, tag)
+            BdevOp::WriteZeroes { lba, blocks, fua } => {
+                self.zero_ranges(&[BlockRange { lba, blocks }], false, fua, tag)
             }
-            BdevOp::Deallocate(ranges) => self.zero_ranges(ranges, true, tag),
+            BdevOp::Deallocate { ranges, fua } => self.zero_ranges(ranges, true, fua, tag),
             BdevOp::Flush => {
                 let index = self.take_slot(tag, SlotKind::Plain);
                 let entry = opcode::Fsync::new(self.fd())
@@ -681,11 +783,28 @@ impl BdevChannel for FileChannel {
 
 impl Drop for FileChannel {
     fn drop(&mut self) {
-        // The kernel may still write into lent or slot memory: wait for every SQE.
+        // The kernel may still write into lent or slot memory: wait for every SQE (starting no
+        // more zero writes). A transient refusal of the wait is retried; after any other, the
+        // slots and the zero buffer are leaked rather than freed under the kernel's feet.
+        self.closing = true;
         while self.live > 0 {
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                tracing::error!(bdev = %self.info.name, "io_uring wait on drop: {e}");
-                break;
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) => {}
+                Err(e) => {
+                    tracing::error!(
+                        bdev = %self.info.name,
+                        in_flight = self.live,
+                        "io_uring wait on drop: {e}; leaking the channel's buffers"
+                    );
+                    std::mem::forget(std::mem::take(&mut self.slots));
+                    std::mem::forget(std::mem::replace(&mut self.zeroes, AlignedBuf::new(0)));
+                    return;
+                }
             }
             self.poll(&mut |_, _| {});
         }
@@ -918,53 +1037,116 @@ mod tests {
     #[test]
     fn zeroes_are_written_when_fallocate_is_refused() {
         let d = dir();
-        let b = FileBdev::open("f", &d.path().join("nofalloc"), 512, Some(1 << 21), true).unwrap();
+        let b = FileBdev::open("f", &d.path().join("nofalloc"), 512, Some(1 << 23), true).unwrap();
         let mut ch = b.channel().unwrap();
         ch.fallocate_zero = false;
         ch.fallocate_punch = false;
         let mut ones = vec![1u8; 1 << 20];
+        for at in (0..8u64).map(|m| m * 2048) {
+            let write = BdevOp::Write {
+                lba: at,
+                blocks: 2048,
+            };
+            assert_eq!(run(&mut ch, write, &mut ones), IoStatus::Success);
+        }
+        // 8 MiB: 32 zero chunks for one command, a few in flight at a time.
+        let zero = BdevOp::WriteZeroes {
+            lba: 0,
+            blocks: 16384,
+            fua: false,
+        };
+        let mut none: [&mut [u8]; 0] = [];
         assert_eq!(
-            run(
-                &mut ch,
-                BdevOp::Write {
-                    lba: 0,
-                    blocks: 2048
-                },
-                &mut ones
-            ),
-            IoStatus::Success
+            ch.submit(zero, &mut IoBuf::new(&mut none), 5),
+            Submitted::Queued
         );
-        // 1 MiB: several zero chunks for one command.
-        assert_eq!(
-            run(
-                &mut ch,
-                BdevOp::WriteZeroes {
-                    lba: 0,
-                    blocks: 2048
-                },
-                &mut []
-            ),
-            IoStatus::Success
-        );
+        let mut done = None;
+        while done.is_none() {
+            let in_flight = ch.slots.iter().map(|s| s.remaining).max().unwrap_or(0);
+            assert!(
+                in_flight <= ZERO_WRITES_IN_FLIGHT,
+                "{in_flight} SQEs at once"
+            );
+            ch.poll(&mut |tag, status| done = Some((tag, status)));
+        }
+        assert_eq!(done, Some((5, IoStatus::Success)));
         let mut back = vec![9u8; 1 << 20];
-        assert_eq!(
-            run(
-                &mut ch,
-                BdevOp::Read {
-                    lba: 0,
-                    blocks: 2048
-                },
-                &mut back
-            ),
-            IoStatus::Success
-        );
-        assert!(back.iter().all(|b| *b == 0));
+        for at in (0..8u64).map(|m| m * 2048) {
+            let read = BdevOp::Read {
+                lba: at,
+                blocks: 2048,
+            };
+            assert_eq!(run(&mut ch, read, &mut back), IoStatus::Success);
+            assert!(back.iter().all(|b| *b == 0), "MiB at block {at}");
+        }
+        assert_eq!(ch.zeroing_syncs, 0, "no FUA, no sync");
         exercise_storage(&b);
+    }
+
+    /// A zero WRITE that wrote less than its chunk (a file system full part-way) fails the
+    /// command: the blocks are not all zero.
+    #[test]
+    fn a_short_zero_write_fails_the_command() {
+        let d = dir();
+        let b = FileBdev::open("f", &d.path().join("short"), 512, Some(1 << 20), false).unwrap();
+        let mut ch = b.channel().unwrap();
+        let index = ch.take_slot(9, SlotKind::Plain);
+        ch.slots[index as usize].remaining = 2;
+        ch.slots[index as usize].zero_writes = 2;
+        ch.complete_sub(index, Sub::ZeroWrite(8), 8 * 512);
+        assert_eq!(ch.slots[index as usize].status, IoStatus::Success);
+        ch.complete_sub(index, Sub::ZeroWrite(8), 8 * 512 - 512);
+        let s = &ch.slots[index as usize];
+        let after = (s.status, s.remaining);
+        // Released before asserting: the channel's drop waits for its live slots' SQEs.
+        ch.release_slot(index);
+        assert_eq!(after, (IoStatus::Failed(libc::EIO), 0));
+    }
+
+    /// Write Zeroes and Deallocate asked durable (FUA, or the write cache off) end with a
+    /// FSYNC DATASYNC after every part, by fallocate or by zero writes.
+    #[test]
+    fn a_durable_zeroing_is_synced() {
+        let d = dir();
+        let b = FileBdev::open("f", &d.path().join("fua"), 512, Some(1 << 21), false).unwrap();
+        let mut ch = b.channel().unwrap();
+        let zero = |fua| BdevOp::WriteZeroes {
+            lba: 8,
+            blocks: 600,
+            fua,
+        };
+        assert_eq!(run(&mut ch, zero(false), &mut []), IoStatus::Success);
+        assert_eq!(ch.zeroing_syncs, 0);
+        assert_eq!(run(&mut ch, zero(true), &mut []), IoStatus::Success);
+        assert_eq!(ch.zeroing_syncs, 1);
+        let ranges = [
+            BlockRange { lba: 1, blocks: 3 },
+            BlockRange {
+                lba: 900,
+                blocks: 1,
+            },
+        ];
+        let deallocate = BdevOp::Deallocate {
+            ranges: &ranges,
+            fua: true,
+        };
+        assert_eq!(run(&mut ch, deallocate, &mut []), IoStatus::Success);
+        assert_eq!(ch.zeroing_syncs, 2);
+        ch.fallocate_zero = false;
+        ch.fallocate_punch = false;
+        assert_eq!(run(&mut ch, zero(true), &mut []), IoStatus::Success);
+        assert_eq!(ch.zeroing_syncs, 3, "after zero writes too");
     }
 
     #[test]
     fn user_data_round_trips() {
-        for sub in [Sub::Data, Sub::ZeroRange(7), Sub::Punch(255)] {
+        for sub in [
+            Sub::Data,
+            Sub::ZeroRange(7),
+            Sub::Punch(255),
+            Sub::ZeroWrite(512),
+            Sub::ZeroingSync,
+        ] {
             assert_eq!(decode_user_data(user_data(12345, sub)), (12345, sub));
         }
     }

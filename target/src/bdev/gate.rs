@@ -14,7 +14,8 @@ pub struct GateBdev {
     open: Arc<AtomicBool>,
     /// I/O completed so far (reaped by a poll).
     pub reaped: Arc<AtomicUsize>,
-    /// Writes submitted with forced unit access (what the host asked to be durable).
+    /// Writes, zeroings and deallocations submitted to be durable at completion (forced unit
+    /// access, or the write cache disabled).
     pub fua_writes: Arc<AtomicUsize>,
 }
 
@@ -58,7 +59,10 @@ struct GateChannel {
 
 impl BdevChannel for GateChannel {
     fn submit(&mut self, op: BdevOp<'_>, _data: &mut IoBuf<'_, '_>, tag: u64) -> Submitted {
-        if let BdevOp::WriteFua { .. } = op {
+        if let BdevOp::WriteFua { .. }
+        | BdevOp::WriteZeroes { fua: true, .. }
+        | BdevOp::Deallocate { fua: true, .. } = op
+        {
             self.fua_writes.fetch_add(1, Ordering::AcqRel);
         }
         self.tags.push(tag);

@@ -162,11 +162,11 @@ impl MallocChannel {
                     left -= n;
                 }
             }
-            BdevOp::WriteZeroes { lba, blocks } => {
+            BdevOp::WriteZeroes { lba, blocks, .. } => {
                 let n = check_io(&self.info, lba, blocks, usize::MAX)?;
                 self.store.zero(self.offset(lba), n);
             }
-            BdevOp::Deallocate(ranges) => {
+            BdevOp::Deallocate { ranges, .. } => {
                 // All checked first: a bad range changes nothing.
                 for r in ranges {
                     check_io(&self.info, r.lba, r.blocks, usize::MAX)?;

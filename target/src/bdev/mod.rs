@@ -97,9 +97,16 @@ pub enum BdevOp<'r> {
         lba: u64,
         /// Block count.
         blocks: u32,
+        /// Durable when it completes (FUA asked, or the write cache disabled).
+        fua: bool,
     },
     /// Deallocate the ranges (later reads return zeroes).
-    Deallocate(&'r [BlockRange]),
+    Deallocate {
+        /// The ranges, checked whole before any changes.
+        ranges: &'r [BlockRange],
+        /// Durable when it completes (the write cache disabled, or Write Zeroes' FUA).
+        fua: bool,
+    },
     /// Make every completed write durable.
     Flush,
 }
@@ -291,7 +298,15 @@ pub(crate) mod testing {
             IoStatus::CompareMismatch
         );
         assert_eq!(
-            run(ch, BdevOp::WriteZeroes { lba: 3, blocks: 1 }, &mut []),
+            run(
+                ch,
+                BdevOp::WriteZeroes {
+                    lba: 3,
+                    blocks: 1,
+                    fua: false
+                },
+                &mut []
+            ),
             IoStatus::Success
         );
         assert_eq!(
@@ -302,7 +317,14 @@ pub(crate) mod testing {
         assert!(back[bs..].iter().all(|b| *b == 0));
         let ranges = [BlockRange { lba: 2, blocks: 1 }];
         assert_eq!(
-            run(ch, BdevOp::Deallocate(&ranges), &mut []),
+            run(
+                ch,
+                BdevOp::Deallocate {
+                    ranges: &ranges,
+                    fua: false
+                },
+                &mut []
+            ),
             IoStatus::Success
         );
         assert_eq!(
@@ -376,7 +398,14 @@ pub(crate) mod testing {
             blocks: 2,
         }];
         assert_eq!(
-            run(ch, BdevOp::Deallocate(&bad), &mut []),
+            run(
+                ch,
+                BdevOp::Deallocate {
+                    ranges: &bad,
+                    fua: false
+                },
+                &mut []
+            ),
             IoStatus::OutOfRange
         );
     }

@@ -55,10 +55,10 @@ impl NullChannel {
                     left -= k;
                 }
             }
-            BdevOp::WriteZeroes { lba, blocks } => {
+            BdevOp::WriteZeroes { lba, blocks, .. } => {
                 check_io(&self.info, lba, blocks, usize::MAX)?;
             }
-            BdevOp::Deallocate(ranges) => {
+            BdevOp::Deallocate { ranges, .. } => {
                 for r in ranges {
                     check_io(&self.info, r.lba, r.blocks, usize::MAX)?;
                 }
@@ -125,7 +125,11 @@ mod tests {
         assert_eq!(
             run(
                 ch.as_mut(),
-                BdevOp::WriteZeroes { lba: 8, blocks: 1 },
+                BdevOp::WriteZeroes {
+                    lba: 8,
+                    blocks: 1,
+                    fua: false,
+                },
                 &mut []
             ),
             IoStatus::OutOfRange

@@ -325,13 +325,19 @@ impl Queue {
                 if let Err(cqe) = self.data_length(sqe, data, 0) {
                     return Exec::Done(cqe);
                 }
+                // FUA (CDW12 bit 30), or the write cache disabled: durable at completion, as
+                // a write.
+                let fua = sqe.cdw12 & (1 << 30) != 0 || !c.write_cache_enabled();
                 // DEAC (CDW12 bit 25): deallocate instead; both read back as zeroes.
                 let bop = if sqe.cdw12 & (1 << 25) != 0 {
                     self.ranges.clear();
                     self.ranges.push(BlockRange { lba, blocks });
-                    BdevOp::Deallocate(&self.ranges)
+                    BdevOp::Deallocate {
+                        ranges: &self.ranges,
+                        fua,
+                    }
                 } else {
-                    BdevOp::WriteZeroes { lba, blocks }
+                    BdevOp::WriteZeroes { lba, blocks, fua }
                 };
                 io.submit(
                     ns,
@@ -390,9 +396,14 @@ impl Queue {
                 if self.ranges.is_empty() {
                     return Exec::Done(self.success(sqe, 0));
                 }
+                // Durable with the write cache disabled (reads of the ranges return zeroes).
+                let fua = !c.write_cache_enabled();
                 io.submit(
                     ns,
-                    BdevOp::Deallocate(&self.ranges),
+                    BdevOp::Deallocate {
+                        ranges: &self.ranges,
+                        fua,
+                    },
                     &mut IoBuf::empty(),
                     pending(IoKind::Write),
                     counters,

@@ -1586,6 +1586,38 @@ fn write_cache_off_makes_every_write_durable() {
     assert_eq!(write(&mut h, &mut q, 0), 2);
     // FUA asked by the host, cache on.
     assert_eq!(write(&mut h, &mut q, 1 << 30), 3);
+
+    // Write Zeroes (with or without DEAC) asks for durability as a write does; Dataset
+    // Management's deallocation too while the cache is off.
+    let zeroes = |h: &mut Host, q: &mut Queue, flags: u32| {
+        let mut sqe = rw(0x08, 1, 0, 1);
+        sqe.cdw12 |= flags;
+        assert!(h.succeeds(q, sqe, &mut []));
+        fua.load(Ordering::Acquire)
+    };
+    assert_eq!(zeroes(&mut h, &mut q, 0), 3);
+    assert_eq!(zeroes(&mut h, &mut q, 1 << 25), 3);
+    assert_eq!(zeroes(&mut h, &mut q, 1 << 30), 4);
+    assert_eq!(zeroes(&mut h, &mut q, 1 << 30 | 1 << 25), 5);
+    let mut ranges = vec![0u8; 16];
+    DsmRange {
+        context_attributes: 0,
+        length: 1,
+        slba: 2,
+    }
+    .encode_into(&mut ranges)
+    .unwrap();
+    let mut deallocate = |h: &mut Host, q: &mut Queue| {
+        let mut dsm = Sqe::new(0x09, 0, 1);
+        dsm.cdw11 = 1 << 2;
+        assert!(h.succeeds(q, dsm, &mut ranges));
+        fua.load(Ordering::Acquire)
+    };
+    assert_eq!(deallocate(&mut h, &mut q), 5);
+    assert!(h.succeeds(&mut aq, admin_cmd(0x09, 0, 0x06, 0), &mut []));
+    assert_eq!(zeroes(&mut h, &mut q, 0), 6);
+    assert_eq!(zeroes(&mut h, &mut q, 1 << 25), 7);
+    assert_eq!(deallocate(&mut h, &mut q), 8);
 }
 
 /// The mandatory Firmware Slot Information log: slot 1 active, holding Identify's FR.
