@@ -371,6 +371,71 @@ fn the_host_reconnects_after_the_target_restarts_and_reads_its_data() {
     runtime.stop().expect("reactors stop");
 }
 
+/// A host poll group whose CQ fails (CQ_ERR) loses every queue in it. The reconnect must get
+/// a new group: the failed one refuses every qpair, yet the lost queues kept it alive, and
+/// the reconnect was handed it again until ctrl-loss-tmo.
+#[test]
+fn the_host_reconnects_on_a_new_group_after_its_cq_fails() {
+    let ip = Ipv4Addr::new(127, 0, 9, 10);
+    let Served {
+        target: _target,
+        runtime,
+        ctx,
+        addr: _addr,
+        transport,
+    } = serve_in_process(ip, vec![0, 1], "e2e-cq-err");
+    let mut options = host_options(9);
+    options.reconnect = ReconnectPolicy {
+        reconnect_delay: Duration::from_millis(100),
+        ctrl_loss_timeout: Some(Duration::from_secs(10)),
+        fast_io_fail: None,
+    };
+    let fabric = RdmaFabric::new("soft", None).expect("fabric");
+    let controller = Controller::connect(
+        fabric.clone(),
+        address("soft", ip),
+        options,
+        Arc::new(SystemClock),
+    )
+    .expect("controller");
+    let mut block = BlockDevice::new(controller, 1).expect("block device");
+    let data: Vec<u8> = (0..32 * 1024u32).map(|i| (i % 251) as u8).collect();
+    block.write_at(8192, &data).expect("write");
+    block.flush().expect("flush");
+
+    let failed: Vec<u32> = fabric.host_groups().iter().map(|g| g.cq).collect();
+    let faults = ctx.as_soft().expect("a soft device").faults();
+    for &cq in &failed {
+        faults.fail_cq(cq).expect("CQ_ERR");
+    }
+    // The group reads the event on one of its polls: read until the loss was seen and mended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut back = vec![0; data.len()];
+    while block.controller().reconnects() == 0 {
+        block
+            .read_at(8192, &mut back)
+            .expect("read while the group fails");
+        assert_eq!(back, data);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the failed CQ went unnoticed"
+        );
+    }
+    block.read_at(8192, &mut back).expect("read after");
+    assert_eq!(back, data);
+    let now: Vec<u32> = fabric.host_groups().iter().map(|g| g.cq).collect();
+    assert!(
+        now.iter().all(|cq| !failed.contains(cq)),
+        "a queue is still on the failed group: {now:?} (failed {failed:?})"
+    );
+    let mut controller = block.into_controller();
+    controller.shutdown().expect("clean shutdown");
+    transport
+        .stop(Duration::from_secs(5))
+        .expect("transport stop");
+    runtime.stop().expect("reactors stop");
+}
+
 /// Per-I/O windows over the soft TCP fabric (the host's "soft" fabric resolves to the target's
 /// TCP device here, so windows stay on).
 #[test]

@@ -323,6 +323,10 @@ impl<Q: HostQueue> IoQueue<Q> {
         if self.lost.is_none() {
             tracing::warn!(qid = self.queue.qid(), reason = %why, "I/O queue lost its connection");
             self.lost = Some(why.clone());
+            // Torn down now, not when the controller replaces the queue: a lost RDMA queue kept
+            // its QP (which a target could still send into), and its request objects reserved
+            // in a host group that the reconnect's new queues then might not fit in.
+            self.queue.disconnect();
         }
         let now = self.clock.now();
         let mut failed = 0;

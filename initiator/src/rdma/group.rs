@@ -622,7 +622,11 @@ impl Registry {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let key = (home, ctx.name().to_string());
         if let Some(g) = groups.get(&key).and_then(Weak::upgrade) {
-            return Ok(g);
+            // A failed group takes no qpair: a reconnect while the lost queues still hold it
+            // gets a new one (the failed one goes with its last queue).
+            if lock(&g).pg.failed().is_none() {
+                return Ok(g);
+            }
         }
         let g = Arc::new(Mutex::new(HostGroup::new(
             ctx,

@@ -543,15 +543,19 @@ impl HostQueue for RdmaQueue {
         }
         let group = self.group.clone();
         let mut g = lock(&group);
+        let gone = |g: &mut HostGroup| g.router.side(self.token).is_none_or(|s| s.gone);
         if let Some(side) = g.router.side(self.token) {
             side.lose("disconnected by the host".into());
         }
-        let HostGroup { pg, router, .. } = &mut *g;
-        pg.disconnect(router, self.qp_num);
+        // Out of the group already (the target disconnected it, or the group failed): its
+        // qp_num may name a newer queue's qpair by now, which must not be drained.
+        if !gone(&mut g) {
+            let HostGroup { pg, router, .. } = &mut *g;
+            pg.disconnect(router, self.qp_num);
+        }
         // Let the drain run to its end so the QP and its CM id go before the region does; the
         // other queues' completions reaped meanwhile wait in their sides.
-        let deadline = std::time::Instant::now() + pg.config().drain_timeout * 2;
-        let gone = |g: &mut HostGroup| g.router.side(self.token).is_none_or(|s| s.gone);
+        let deadline = std::time::Instant::now() + g.pg.config().drain_timeout * 2;
         while !gone(&mut g) && std::time::Instant::now() < deadline {
             g.poll();
             while let Ok(Some(ev)) = self.channel.poll_event() {

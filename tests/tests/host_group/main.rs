@@ -292,6 +292,7 @@ fn shared_group(fabric_kind: SoftFabric, transport: &str, ip: Ipv4Addr) {
             .submit_read(&gated, q as u64, 1, 100 + q as u64)
             .expect("held read");
     }
+    let reserved = fabric.host_groups()[0].reserved;
     let victim_qp = rig.disconnect_one_io_qpair();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut failed: Vec<(usize, IoCompletion)> = Vec::new();
@@ -326,6 +327,17 @@ fn shared_group(fabric_kind: SoftFabric, transport: &str, ip: Ipv4Addr) {
         .filter(|&q| !queues[q].is_connected())
         .collect();
     assert_eq!(disconnected, vec![*victim]);
+    // The lost queue left the group as soon as it noticed (its QP and the request objects it
+    // reserved with it), not when it was dropped: a reconnect's new queues must fit.
+    let groups = fabric.host_groups();
+    assert_eq!(
+        (groups[0].queues, groups[0].reserved),
+        (
+            1 + 2 * usize::from(QUEUES_PER_CONTROLLER),
+            reserved - u32::from(IO_DEPTH)
+        ),
+        "{groups:?}"
+    );
     for (q, queue) in queues.iter().enumerate() {
         if q != *victim {
             assert_eq!(

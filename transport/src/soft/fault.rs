@@ -84,6 +84,14 @@ impl FaultInjector {
         Ok(())
     }
 
+    /// Raise CQ_ERR for CQ `cq_id`, as its overrun does (without losing a completion): its
+    /// owner must take the CQ as failed.
+    pub fn fail_cq(&self, cq_id: u32) -> Result<()> {
+        let cq = self.cq(cq_id)?;
+        self.dev.raise(AsyncEventKind::CqErr { cq_id: cq.id });
+        Ok(())
+    }
+
     /// Reorder completions of different QPs on CQ `cq_id` (each QP's order is kept).
     pub fn reorder_completions(&self, cq_id: u32, on: bool) -> Result<()> {
         self.cq(cq_id)?.set_reorder(on);
