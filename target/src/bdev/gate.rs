@@ -1,7 +1,8 @@
 //! [`GateBdev`]: a block device whose I/O stays in flight until its gate opens. For tests
 //! that need "the qpair died (or was reset, or aborted) while its block I/O was in flight"
 //! deterministically, in this crate's and in the end-to-end tests. Not configurable from TOML.
-//! No data is stored: reads return the buffer untouched.
+//! No data is stored: reads return the buffer untouched. Its I/O can also be made to fail
+//! (`failing`: EIO at completion), for the error paths of block I/O that completes later.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -17,6 +18,8 @@ pub struct GateBdev {
     /// Writes, zeroings and deallocations submitted to be durable at completion (forced unit
     /// access, or the write cache disabled).
     pub fua_writes: Arc<AtomicUsize>,
+    /// While set, I/O completes with EIO.
+    pub failing: Arc<AtomicBool>,
 }
 
 impl GateBdev {
@@ -32,6 +35,7 @@ impl GateBdev {
             open,
             reaped: Arc::new(AtomicUsize::new(0)),
             fua_writes: Arc::new(AtomicUsize::new(0)),
+            failing: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -45,6 +49,7 @@ impl Bdev for GateBdev {
             open: self.open.clone(),
             reaped: self.reaped.clone(),
             fua_writes: self.fua_writes.clone(),
+            failing: self.failing.clone(),
             tags: Vec::new(),
         }))
     }
@@ -54,6 +59,7 @@ struct GateChannel {
     open: Arc<AtomicBool>,
     reaped: Arc<AtomicUsize>,
     fua_writes: Arc<AtomicUsize>,
+    failing: Arc<AtomicBool>,
     tags: Vec<u64>,
 }
 
@@ -73,8 +79,13 @@ impl BdevChannel for GateChannel {
             return 0;
         }
         let n = self.tags.len();
+        let status = if self.failing.load(Ordering::Acquire) {
+            IoStatus::Failed(libc::EIO)
+        } else {
+            IoStatus::Success
+        };
         for tag in self.tags.drain(..) {
-            done(tag, IoStatus::Success);
+            done(tag, status);
         }
         self.reaped.fetch_add(n, Ordering::AcqRel);
         n

@@ -25,8 +25,15 @@ use super::io::ReactorIo;
 use super::queue::Queue;
 use super::status::*;
 
-/// Identify Controller ONCS: Compare, Dataset Management, Write Zeroes.
-const ONCS: u16 = (1 << 0) | (1 << 2) | (1 << 3);
+/// Identify Controller ONCS: Compare, Dataset Management, Write Zeroes, and the Save field of
+/// Set Features and Select field of Get Features (bit 4: SEL is served, SV answered).
+const ONCS: u16 = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 4);
+/// CTRATT: the 128-bit Host Identifier (HIDS, bit 0), the only one a fabrics host has.
+const CTRATT_HOST_ID_128: u32 = 1 << 0;
+/// Asynchronous Event Configuration an I/O controller takes: the SMART / Health critical
+/// warnings (7:0, mandatory) and the Namespace Attribute notices it raises (OAES). A discovery
+/// controller raises none.
+const AEC_SUPPORTED: u32 = 0xFF | OAES_NS_ATTRIBUTE;
 /// VWC: present (bit 0), Flush with NSID FFFFFFFFh not supported (bits 2:1 = 10b).
 const VWC: u8 = 0x05;
 /// OAES: Namespace Attribute Notices.
@@ -70,13 +77,11 @@ impl Queue {
         let discovery = c.is_discovery();
         // Of the commands served only Identify, Get Log Page and Get Features of the Host
         // Identifier move data (checked there): a buffer with any other would go back to the
-        // host unwritten.
+        // host unwritten. Set and Get Features check theirs once the feature is known (an
+        // unsupported one is Invalid Field with any buffer, as nvmet answers).
         let moves_nothing = matches!(
             op,
-            AdminOpcode::SetFeatures
-                | AdminOpcode::KeepAlive
-                | AdminOpcode::AsyncEventRequest
-                | AdminOpcode::Abort
+            AdminOpcode::KeepAlive | AdminOpcode::AsyncEventRequest | AdminOpcode::Abort
         );
         if moves_nothing {
             if let Err(cqe) = self.data_length(sqe, data, 0) {
@@ -86,7 +91,7 @@ impl Queue {
         let cqe = match op {
             AdminOpcode::Identify => self.identify(c, sqe, data),
             AdminOpcode::GetLogPage => self.get_log_page(c, sqe, data),
-            AdminOpcode::SetFeatures => self.set_features(c, sqe, now()),
+            AdminOpcode::SetFeatures => self.set_features(c, sqe, data, now()),
             AdminOpcode::GetFeatures => self.get_features(c, sqe, data),
             AdminOpcode::KeepAlive => {
                 c.keep_alive(now());
@@ -173,6 +178,9 @@ impl Queue {
                 list.push(NsIdDescriptor::Csi(0));
                 NsIdDescriptor::encode_list(&list, &mut page).map(|_| ())
             }
+            // The NVM command set's Identify Controller (Linux asks from VS 1.3 on): no
+            // limits of its own to state, so zeroes, as nvmet returns.
+            (Cns::IoCommandSetController, false) if cmd.csi == 0 => Ok(()),
             _ => return self.error(sqe, INVALID_FIELD),
         };
         match result {
@@ -217,6 +225,7 @@ impl Queue {
             icdoff: 0,
             fcatt: 0,
             msdbd: limits.msdbd,
+            ctratt: CTRATT_HOST_ID_128,
             ..IdentifyController::default()
         };
         if sub.is_some() {
@@ -295,8 +304,9 @@ impl Queue {
                 if list.and_then(|l| l.encode_into(&mut b)).is_err() {
                     return self.error(sqe, INTERNAL_ERROR);
                 }
-                // Reading clears the list and re-arms the notice unless Retain Async Event.
-                if !cmd.rae {
+                // Reading clears the list and re-arms the notice unless Retain Async Event; a
+                // read refused for its offset (below) reads nothing.
+                if !cmd.rae && cmd.lpo <= b.len() as u64 {
                     s.changed_ns.clear();
                     s.changed_overflow = false;
                     s.ns_notice_masked = false;
@@ -312,7 +322,13 @@ impl Queue {
         self.success(sqe, 0)
     }
 
-    fn set_features(&mut self, c: &Controller, sqe: &Sqe, now: Instant) -> Cqe {
+    fn set_features(
+        &mut self,
+        c: &Controller,
+        sqe: &Sqe,
+        data: &mut IoBuf<'_, '_>,
+        now: Instant,
+    ) -> Cqe {
         let Ok(cmd) = sqe.as_set_features() else {
             return self.error(sqe, INVALID_FIELD);
         };
@@ -325,6 +341,10 @@ impl Queue {
         let Ok(feature) = Feature::decode(cmd.fid, cmd.cdw11) else {
             return self.error(sqe, INVALID_FIELD);
         };
+        // None of the features served takes data.
+        if let Err(cqe) = self.data_length(sqe, data, 0) {
+            return cqe;
+        }
         if cmd.save {
             return self.error(sqe, FEATURE_NOT_SAVEABLE);
         }
@@ -337,6 +357,11 @@ impl Queue {
                 0
             }
             Feature::AsyncEventConfig(a) => {
+                // Only events this controller can raise (as nvmet checks).
+                let supported = if discovery { 0 } else { AEC_SUPPORTED };
+                if a.to_dword() & !supported != 0 {
+                    return self.error(sqe, INVALID_FIELD);
+                }
                 s.aec = a;
                 0
             }
@@ -349,9 +374,10 @@ impl Queue {
                 if s.io_queues_under(c.epoch()) {
                     return self.error(sqe, SEQUENCE_ERROR);
                 }
+                // The allocation does not change until a reset (which forgets it): a second
+                // request gets the first one's answer.
                 let want = n.nsq.min(n.ncq).saturating_add(1);
-                let granted = want.min(max_queues);
-                s.io_queues_granted = Some(granted);
+                let granted = *s.io_queues_granted.get_or_insert(want.min(max_queues));
                 NumberOfQueues {
                     nsq: granted - 1,
                     ncq: granted - 1,
@@ -383,6 +409,26 @@ impl Queue {
         let Ok(cmd) = sqe.as_get_features() else {
             return self.error(sqe, INVALID_FIELD);
         };
+        let served = matches!(
+            cmd.fid,
+            FeatureId::Arbitration
+                | FeatureId::PowerManagement
+                | FeatureId::VolatileWriteCache
+                | FeatureId::NumberOfQueues
+                | FeatureId::AsyncEventConfig
+                | FeatureId::KeepAliveTimer
+                | FeatureId::HostIdentifier
+        );
+        // A discovery controller has the keep-alive timer and event configuration only.
+        let served = served
+            && (!c.is_discovery()
+                || matches!(
+                    cmd.fid,
+                    FeatureId::KeepAliveTimer | FeatureId::AsyncEventConfig
+                ));
+        if !served {
+            return self.error(sqe, INVALID_FIELD);
+        }
         // Only the Host Identifier's value comes as data: its 16 bytes.
         let data_len = match (cmd.fid, cmd.sel) {
             (_, FeatureSelect::SupportedCapabilities) => 0,
@@ -394,17 +440,11 @@ impl Queue {
         }
         let max_queues = self.target.limits().max_io_queues;
         if cmd.sel == FeatureSelect::SupportedCapabilities {
-            // Nothing saveable, nothing namespace specific; all changeable.
+            // Nothing saveable, nothing namespace specific; all changeable but the Host
+            // Identifier, which Connect alone sets.
             return match cmd.fid {
-                FeatureId::Arbitration
-                | FeatureId::PowerManagement
-                | FeatureId::VolatileWriteCache
-                | FeatureId::NumberOfQueues
-                | FeatureId::AsyncEventConfig
-                | FeatureId::KeepAliveTimer => self.success(sqe, 1 << 2),
-                // Set by Connect alone.
-                FeatureId::HostIdentifier if !c.is_discovery() => self.success(sqe, 0),
-                _ => self.error(sqe, INVALID_FIELD),
+                FeatureId::HostIdentifier => self.success(sqe, 0),
+                _ => self.success(sqe, 1 << 2),
             };
         }
         // Nothing is saveable: the saved value is the default (NVMe 1.3 5.9.1).

@@ -27,13 +27,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nvmf_protocol::Status;
 use nvmf_protocol::admin::{AsyncEvent, AsyncEventType, notice};
 use nvmf_protocol::features::{Arbitration, AsyncEventConfig, PowerManagement};
 use nvmf_protocol::log::{ErrorLogEntry, LogId, SmartLog};
 use nvmf_protocol::properties::{
     Cap, Cc, Csts, PropertyOffset, ShutdownNotification, ShutdownStatus, Vs,
 };
+use nvmf_protocol::status::MediaStatus;
+use nvmf_protocol::{Status, StatusCode};
 
 use super::counters::{IoCounters, IoSnapshot};
 use super::status::INVALID_FIELD;
@@ -158,6 +159,9 @@ pub struct State {
     pub errors: VecDeque<ErrorLogEntry>,
     /// Errors ever logged.
     pub error_count: u64,
+    /// Of them, unrecovered data integrity errors (Unrecovered Read Error, Write Fault): the
+    /// SMART log's Media and Data Integrity Errors.
+    pub media_errors: u64,
     /// The shutdown under way, if any.
     pub shutdown: ShutdownPhase,
     /// Shutdown flushes in flight, an abandoned shutdown's included (each completion counts
@@ -242,6 +246,7 @@ impl Controller {
                 closed_queues: IoSnapshot::default(),
                 errors: VecDeque::new(),
                 error_count: 0,
+                media_errors: 0,
                 shutdown: ShutdownPhase::Idle,
                 shutdown_flushes: 0,
             }),
@@ -446,6 +451,8 @@ impl Controller {
             // The notice those events may have held back is re-armed with them: else a later
             // namespace change stays unreported until the host happens to read log 04h.
             s.ns_notice_masked = false;
+            // The host asks for its queues again after a reset.
+            s.io_queues_granted = None;
         }
         let notified =
             cc.shn != ShutdownNotification::None && was.shn == ShutdownNotification::None;
@@ -603,6 +610,12 @@ impl Controller {
     pub fn record_error(&self, sqid: u16, cid: u16, status: Status, nsid: u32, opcode: u8) {
         let mut s = self.state();
         s.error_count += 1;
+        if matches!(
+            status.code,
+            StatusCode::Media(MediaStatus::UnrecoveredReadError | MediaStatus::WriteFault)
+        ) {
+            s.media_errors += 1;
+        }
         let entry = ErrorLogEntry {
             error_count: s.error_count,
             sqid,
@@ -628,7 +641,10 @@ impl Controller {
     pub fn smart(&self) -> SmartLog {
         let t = self.io_totals();
         let units = |bytes: u64| u128::from(bytes.div_ceil(512 * 1000));
-        let errors = self.state().error_count;
+        let (errors, media_errors) = {
+            let s = self.state();
+            (s.error_count, s.media_errors)
+        };
         SmartLog {
             // 0 Kelvin would read as "sensor broken": report a plausible 300 K.
             composite_temperature: 300,
@@ -638,6 +654,7 @@ impl Controller {
             data_units_written: units(t.bytes_written),
             host_read_commands: u128::from(t.reads),
             host_write_commands: u128::from(t.writes),
+            media_errors: u128::from(media_errors),
             error_log_entries: u128::from(errors),
             ..SmartLog::default()
         }

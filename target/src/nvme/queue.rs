@@ -267,6 +267,14 @@ impl Queue {
         exec
     }
 
+    /// A command of this queue that completed later (its block I/O) ended with `cqe`'s error:
+    /// logged as an executed command's error is (its counters were counted at the reap).
+    pub fn record_late_error(&self, sqe: &Sqe, cqe: &Cqe) {
+        if let Some(c) = self.controller() {
+            c.record_error(cqe.sqid, cqe.cid, cqe.status, sqe.nsid, sqe.opcode);
+        }
+    }
+
     /// Answer `sqe` with `status` without executing it (the transport found its SGL malformed,
     /// or could not move its data): SQHD advances as for any fetched command and the error
     /// is logged like an executed command's.

@@ -40,6 +40,9 @@ pub const COMPARE_FAILURE: Status = Status::new(nvmf_protocol::StatusCode::Media
     MediaStatus::CompareFailure,
 ))
 .with_dnr();
+/// Capacity Exceeded: the device is full (ENOSPC from a file namespace), as nvmet answers it;
+/// DNR, so the host does not retry into a full file system.
+pub const CAPACITY_EXCEEDED: Status = Status::generic(GenericStatus::CapacityExceeded).with_dnr();
 /// Command Abort Requested (the victim of an Abort command).
 pub const ABORTED_BY_REQUEST: Status = Status::generic(GenericStatus::AbortRequested);
 /// Command Aborted due to SQ Deletion (outstanding AERs when the controller goes away).
@@ -76,6 +79,7 @@ pub fn from_io(status: IoStatus, kind: IoKind) -> Status {
         IoStatus::CompareMismatch => COMPARE_FAILURE,
         IoStatus::OutOfRange => LBA_OUT_OF_RANGE,
         IoStatus::ShortBuffer => SGL_LENGTH_INVALID,
+        IoStatus::Failed(libc::ENOSPC) => CAPACITY_EXCEEDED,
         IoStatus::Failed(_) => match kind {
             IoKind::Read => Status::new(nvmf_protocol::StatusCode::Media(
                 MediaStatus::UnrecoveredReadError,
@@ -83,5 +87,33 @@ pub fn from_io(status: IoStatus, kind: IoKind) -> Status {
             IoKind::Write => Status::new(nvmf_protocol::StatusCode::Media(MediaStatus::WriteFault)),
             IoKind::Flush => INTERNAL_ERROR,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full device is Capacity Exceeded with DNR (as nvmet), whatever the command; other
+    /// device errors are the command's media error, which the host may retry.
+    #[test]
+    fn device_errors_by_kind() {
+        for kind in [IoKind::Read, IoKind::Write, IoKind::Flush] {
+            assert_eq!(
+                from_io(IoStatus::Failed(libc::ENOSPC), kind),
+                CAPACITY_EXCEEDED
+            );
+        }
+        assert!(from_io(IoStatus::Failed(libc::ENOSPC), IoKind::Write).dnr);
+        let eio = |kind| from_io(IoStatus::Failed(libc::EIO), kind);
+        assert_eq!(
+            eio(IoKind::Write).code,
+            nvmf_protocol::StatusCode::Media(MediaStatus::WriteFault)
+        );
+        assert_eq!(
+            eio(IoKind::Read).code,
+            nvmf_protocol::StatusCode::Media(MediaStatus::UnrecoveredReadError)
+        );
+        assert!(!eio(IoKind::Write).dnr);
     }
 }

@@ -333,7 +333,8 @@ fn bring_up_identify_features_and_io() {
     assert_eq!((id.sqes, id.cqes), (0x66, 0x44));
     assert_eq!(id.maxcmd, 128);
     assert_eq!(id.vwc & 1, 1);
-    assert_eq!(id.oncs, 0b1101);
+    assert_eq!(id.oncs, 0b1_1101);
+    assert_eq!(id.ctratt, 1);
     assert_eq!(id.sn.as_str(), "SN1");
 
     // Namespaces.
@@ -973,6 +974,11 @@ fn async_event_on_namespace_change() {
     assert_eq!(ev.event_type, nvmf_protocol::admin::AsyncEventType::Notice);
     assert_eq!(ev.log_page, 0x04);
     let mut page = vec![0u8; 4096];
+    // A read refused for its offset (past the page) reads nothing: the list stays.
+    assert_eq!(
+        generic(&h.exec(&mut aq, get_log(0x04, 4, 4100), &mut [0u8; 4])),
+        Some(GenericStatus::InvalidField)
+    );
     assert!(
         h.exec(&mut aq, get_log(0x04, 4096, 0), &mut page)
             .status
@@ -1994,4 +2000,114 @@ fn an_abort_for_a_disconnected_queue_is_answered() {
     let mut got = vec![];
     aq.poll_events(&mut h.io, &mut |tag, cqe| got.push((tag, cqe.cid)));
     assert_eq!(got, vec![(6000, 901)]);
+}
+
+/// Identify CNS 06h, the NVM command set's controller structure (Linux asks for it from VS 1.3
+/// on): zeroes, as nvmet returns; another command set's is Invalid Field. Identify Controller
+/// states the 128-bit host identifier (CTRATT bit 0) and the Save and Select fields (ONCS bit
+/// 4).
+#[test]
+fn identify_nvm_controller_and_attributes() {
+    let mut h = Host::new(target(true));
+    let (mut aq, _) = h.admin();
+    let mut page = vec![0xEEu8; 4096];
+    let mut nvm = admin_cmd(0x06, 0, 0x06, 0);
+    assert!(h.succeeds(&mut aq, nvm, &mut page));
+    assert!(page.iter().all(|b| *b == 0));
+    nvm.cdw11 = 2 << 24;
+    assert_eq!(
+        generic(&h.exec(&mut aq, nvm, &mut page)),
+        Some(GenericStatus::InvalidField)
+    );
+    assert!(h.succeeds(&mut aq, admin_cmd(0x06, 0, 1, 0), &mut page));
+    let id = IdentifyController::decode(&page).unwrap();
+    assert_eq!((id.ctratt & 1, id.oncs & (1 << 4)), (1, 1 << 4));
+}
+
+/// Features as nvmet answers them: a feature not served is Invalid Field whatever buffer
+/// comes with it (a served one must come without); Async Event Configuration takes only the
+/// events this controller raises; Number of Queues keeps its first answer until a reset.
+#[test]
+fn features_refuse_what_they_do_not_serve() {
+    let mut h = Host::new(target(true));
+    let (mut aq, _) = h.admin();
+    let mut timestamp = vec![0u8; 8];
+    let mut range_type = vec![0u8; 4096];
+    for (sqe, data) in [
+        (admin_cmd(0x09, 0, 0x0E, 0), &mut timestamp),
+        (admin_cmd(0x0A, 0, 0x03, 0), &mut range_type),
+    ] {
+        assert_eq!(
+            generic(&h.exec(&mut aq, sqe, data)),
+            Some(GenericStatus::InvalidField),
+            "{sqe:?}"
+        );
+    }
+    assert_eq!(
+        generic(&h.exec(&mut aq, admin_cmd(0x09, 0, 0x0F, 10_000), &mut timestamp)),
+        Some(GenericStatus::DataSglLengthInvalid)
+    );
+
+    assert!(h.succeeds(&mut aq, admin_cmd(0x09, 0, 0x0B, 0x1FF), &mut []));
+    for unsupported in [1 << 9, 1 << 11, 1 << 31] {
+        assert_eq!(
+            generic(&h.exec(&mut aq, admin_cmd(0x09, 0, 0x0B, unsupported), &mut [])),
+            Some(GenericStatus::InvalidField),
+            "AEC {unsupported:#x}"
+        );
+    }
+    assert_eq!(
+        h.exec(&mut aq, admin_cmd(0x0A, 0, 0x0B, 0), &mut []).dw0,
+        0x1FF
+    );
+
+    let queues = |h: &mut Host, aq: &mut Queue, n: u32| {
+        let c = h.exec(
+            aq,
+            admin_cmd(0x09, 0, 0x07, (n - 1) | ((n - 1) << 16)),
+            &mut [],
+        );
+        assert!(c.status.is_success(), "{c:?}");
+        (c.dw0 & 0xFFFF) + 1
+    };
+    assert_eq!(queues(&mut h, &mut aq, 2), 2);
+    assert_eq!(queues(&mut h, &mut aq, 8), 2, "the first allocation stands");
+    assert!(h.set_cc(&mut aq, Cc::default()).status.is_success());
+    assert!(h.set_cc(&mut aq, Cc::enabled_nvm()).status.is_success());
+    assert_eq!(queues(&mut h, &mut aq, 8), 8, "asked again after a reset");
+}
+
+/// A discovery controller serves the keep-alive timer and event configuration only: Get
+/// Features of anything else is Invalid Field, its supported capabilities (SEL 3) too; its
+/// event configuration takes no event (it raises none).
+#[test]
+fn discovery_features() {
+    let mut h = Host::new(target(true));
+    let mut q = h.queue();
+    let c = h.connect(
+        &mut q,
+        0,
+        31,
+        CNTLID_DYNAMIC,
+        nvmf_protocol::DISCOVERY_NQN,
+        HOST,
+    );
+    assert!(c.status.is_success(), "{c:?}");
+    assert!(h.set_cc(&mut q, Cc::enabled_nvm()).status.is_success());
+    for (fid, sel) in [(0x01, 0), (0x01, 3), (0x07, 3), (0x06, 0)] {
+        assert_eq!(
+            generic(&h.exec(&mut q, admin_cmd(0x0A, 0, fid | (sel << 8), 0), &mut [])),
+            Some(GenericStatus::InvalidField),
+            "fid {fid:#x} sel {sel}"
+        );
+    }
+    for fid in [0x0F, 0x0B] {
+        let c = h.exec(&mut q, admin_cmd(0x0A, 0, fid | (3 << 8), 0), &mut []);
+        assert!(c.status.is_success(), "fid {fid:#x}: {c:?}");
+    }
+    assert_eq!(
+        generic(&h.exec(&mut q, admin_cmd(0x09, 0, 0x0B, 1 << 8), &mut [])),
+        Some(GenericStatus::InvalidField)
+    );
+    assert!(h.succeeds(&mut q, admin_cmd(0x09, 0, 0x0B, 0), &mut []));
 }

@@ -561,6 +561,10 @@ impl NvmeHandler {
         r.user.pending_tag = None;
         if let (false, Some(key)) = (event, key) {
             if let Some(slot) = self.queues.get_mut(key) {
+                // Block I/O that failed: into the error log, as a command failing at once is.
+                if !cqe.status.is_success() && !orphaned {
+                    slot.queue.record_late_error(&r.user.sqe, &cqe);
+                }
                 slot.in_flight = slot.in_flight.saturating_sub(1);
                 if slot.gone && slot.in_flight == 0 {
                     let slot = self.queues.remove(key);

@@ -214,6 +214,29 @@ pub(crate) fn commands(fabric: SoftFabric) {
     assert_eq!(entries[0].opcode, 0x02, "{entries:?}");
     assert_eq!(smart(&mut admin).error_log_entries, 5);
 
+    // Block I/O failing when it completes (namespace 2, EIO): Unrecovered Read Error and
+    // Write Fault, logged as the errors above are, and counted as media errors.
+    rig.gate_failing.store(true, Ordering::Release);
+    for (opcode, status) in [
+        (0x02, MediaStatus::UnrecoveredReadError),
+        (0x01, MediaStatus::WriteFault),
+    ] {
+        let mut sqe = rw(opcode, 0, 1, io.keyed(0, BLOCK));
+        sqe.nsid = 2;
+        let c = io.exec(sqe, &[]).unwrap();
+        assert_eq!(c.status.code, StatusCode::Media(status), "{c:?}");
+    }
+    rig.gate_failing.store(false, Ordering::Release);
+    let page = get_log(&mut admin, 0x01, 64 * 2);
+    let newest = ErrorLogEntry::decode(&page[..64]).unwrap();
+    assert_eq!(
+        (newest.error_count, newest.opcode, newest.nsid, newest.sqid),
+        (7, 0x01, 2, 1),
+        "{newest:?}"
+    );
+    let health = smart(&mut admin);
+    assert_eq!((health.error_log_entries, health.media_errors), (7, 2));
+
     // The queues still work.
     assert!(read(&mut io, 16, 1, 0)[..] == data[..512]);
 }

@@ -52,6 +52,8 @@ struct Rig {
     gate: Arc<AtomicBool>,
     /// Namespace 2's I/O reaped so far.
     gate_reaped: Arc<std::sync::atomic::AtomicUsize>,
+    /// Namespace 2's I/O fails (EIO at completion) while this is true.
+    gate_failing: Arc<AtomicBool>,
     rt: Option<Runtime>,
     tr: Option<RdmaTransport<Command, NvmeHandler>>,
     addr: SocketAddr,
@@ -120,6 +122,7 @@ impl Rig {
         let gate = Arc::new(AtomicBool::new(true));
         let gated = Arc::new(GateBdev::new("gate", BLOCKS, gate.clone()));
         let gate_reaped = gated.reaped.clone();
+        let gate_failing = gated.failing.clone();
         let index = t.add_bdev("gate", gated.clone());
         sub.add_namespace(Namespace {
             nsid: 2,
@@ -175,6 +178,7 @@ impl Rig {
             target: target.clone(),
             gate,
             gate_reaped,
+            gate_failing,
             rt: Some(rt),
             tr: Some(tr),
             addr,
