@@ -276,8 +276,10 @@ impl Controller {
         self.defunct.load(Ordering::Acquire)
     }
 
-    /// Mark torn down.
+    /// Mark torn down. Under the state lock, which an I/O queue's Connect holds while it
+    /// checks and joins: it either sees this or joined before (and its queue then sees it).
     pub fn set_defunct(&self) {
+        let _state = self.state();
         self.defunct.store(true, Ordering::Release);
     }
 

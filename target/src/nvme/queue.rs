@@ -468,6 +468,11 @@ impl Queue {
             }
             {
                 let mut s = c.state();
+                // Torn down since the lookup (its admin queue went, or keep-alive expired).
+                if c.is_defunct() {
+                    drop(s);
+                    return self.invalid(sqe, ConnectInvalidParameter::CNTLID);
+                }
                 // Not before the controller is enabled, nor after a shutdown notification.
                 if !s.accepts_commands() {
                     drop(s);

@@ -2111,3 +2111,20 @@ fn discovery_features() {
     );
     assert!(h.succeeds(&mut q, admin_cmd(0x09, 0, 0x0B, 0), &mut []));
 }
+
+/// An I/O queue's Connect that finds its controller torn down between the lookup and joining
+/// (its admin queue went on another reactor) is refused, naming the CNTLID.
+#[test]
+fn io_connect_to_a_controller_being_torn_down() {
+    let mut h = Host::new(target(true));
+    let (aq, cntlid) = h.admin();
+    aq.controller().unwrap().set_defunct();
+    let mut q = h.queue();
+    let c = h.connect(&mut q, 1, 127, cntlid, SUBNQN, HOST);
+    assert_eq!(fabrics_status(&c), FabricsStatus::InvalidParameters);
+    assert_eq!(
+        ConnectInvalidParameter::from_dw0(c.dw0),
+        ConnectInvalidParameter::CNTLID
+    );
+    assert!(matches!(q.state(), QueueState::Unbound));
+}

@@ -48,6 +48,10 @@ const RESPONSE_SIZE: usize = 16;
 /// itself before the target does: dropping it at once can overtake the response on fabrics
 /// whose connection manager is not ordered with the data path (the soft TCP fabric).
 const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
+/// How long a connected qpair may go without a successful Fabrics Connect before the target
+/// disconnects it: a host that connects and never sends one (or whose Connect was refused,
+/// e.g. not on the allow-list) held its qpair and poll-group slot for good.
+pub const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// `by_qpair` entry of a qpair slot with no queue.
 const NO_QUEUE: usize = usize::MAX;
@@ -66,6 +70,8 @@ struct QueueSlot {
     disconnecting: bool,
     /// The host sent Disconnect: the target disconnects at this time if the host has not.
     disconnect_at: Option<Instant>,
+    /// Disconnected at this time if still without a controller ([`CONNECT_DEADLINE`]).
+    connect_by: Instant,
 }
 
 /// One group's handler. See the module documentation.
@@ -94,6 +100,8 @@ pub struct NvmeHandler {
     remote_invalidate: bool,
     /// Abort requests taken on a tick: (victim's queue key, victim cid, Abort cid).
     aborts: Vec<(usize, u16, u16)>,
+    /// [`CONNECT_DEADLINE`] unless a test shortens it.
+    connect_deadline: Duration,
 }
 
 impl NvmeHandler {
@@ -112,7 +120,15 @@ impl NvmeHandler {
             completions: Vec::new(),
             aborts: Vec::new(),
             remote_invalidate: true,
+            connect_deadline: CONNECT_DEADLINE,
         }
+    }
+
+    /// How long a qpair may stay without a successful Fabrics Connect (default
+    /// [`CONNECT_DEADLINE`]).
+    pub fn with_connect_deadline(mut self, deadline: Duration) -> NvmeHandler {
+        self.connect_deadline = deadline;
+        self
     }
 
     /// Whether a response may carry SEND_WITH_INVALIDATE of the key the host asked to have
@@ -175,6 +191,7 @@ impl NvmeHandler {
             gone: false,
             disconnecting: false,
             disconnect_at: None,
+            connect_by: Instant::now() + self.connect_deadline,
         });
         if let Some(k) = self.by_qpair.get_mut(index as usize) {
             *k = key;
@@ -630,6 +647,29 @@ impl NvmeHandler {
     /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
     /// down, after [`DISCONNECT_GRACE`] when the host sent Disconnect.
     #[inline]
+    /// Disconnects the qpairs still without a controller past their deadline (the clock read
+    /// only while some queue is unbound).
+    fn expire_unbound(&mut self) {
+        let unbound = |s: &QueueSlot| {
+            !s.gone && !s.disconnecting && matches!(s.queue.state(), QueueState::Unbound)
+        };
+        if !self.queues.iter().any(|(_, s)| unbound(s)) {
+            return;
+        }
+        let now = Instant::now();
+        for (_, slot) in self.queues.iter_mut() {
+            if unbound(slot) && now >= slot.connect_by {
+                tracing::warn!(
+                    qp_num = slot.qp_num,
+                    deadline = ?self.connect_deadline,
+                    "no successful Fabrics Connect in time: disconnecting the qpair"
+                );
+                slot.disconnecting = true;
+                self.disconnects.push(slot.qp_num);
+            }
+        }
+    }
+
     fn check_disconnect(&mut self, key: usize) {
         let Some(slot) = self.queues.get_mut(key) else {
             return;
@@ -821,6 +861,7 @@ impl Handler<Command> for NvmeHandler {
         for key in doomed {
             self.check_disconnect(key);
         }
+        self.expire_unbound();
         for (tag, cqe) in done.drain(..) {
             self.complete(pg, tag, cqe);
         }

@@ -16,4 +16,4 @@ mod handler;
 mod sges;
 
 pub use command::{Command, CommandState};
-pub use handler::NvmeHandler;
+pub use handler::{CONNECT_DEADLINE, NvmeHandler};

@@ -32,7 +32,7 @@ use nvmf_target::bdev::gate::GateBdev;
 use nvmf_target::bdev::{MallocBdev, NullBdev};
 use nvmf_target::nvme::{Limits, Namespace, Subsystem, Target};
 use nvmf_target::rdma::{DeviceListen, PollGroupConfig, RdmaConfig, RdmaTransport};
-use nvmf_target::transport_glue::{Command, NvmeHandler};
+use nvmf_target::transport_glue::{CONNECT_DEADLINE, Command, NvmeHandler};
 use nvmf_transport::{Context, DeviceSpec, SoftConfig, SoftFabric};
 
 pub(crate) const SUBNQN: &str = "nqn.2016-06.io.nvmf-rs:e2e";
@@ -86,6 +86,17 @@ impl Rig {
         fabric: SoftFabric,
         device: impl FnOnce(&mut SoftConfig),
         adjust: impl FnOnce(&mut PollGroupConfig),
+    ) -> Rig {
+        Rig::build(fabric, device, adjust, CONNECT_DEADLINE)
+    }
+
+    /// `with_device`, the handlers disconnecting a qpair without a successful Connect after
+    /// `connect_deadline`.
+    fn build(
+        fabric: SoftFabric,
+        device: impl FnOnce(&mut SoftConfig),
+        adjust: impl FnOnce(&mut PollGroupConfig),
+        connect_deadline: Duration,
     ) -> Rig {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         // One address per rig, in-process and TCP rigs in separate ranges: soft devices are
@@ -172,6 +183,7 @@ impl Rig {
                 target.clone(),
                 nvmf_target::nvme::ReactorIo::new(target.clone()),
             )
+            .with_connect_deadline(connect_deadline)
         })
         .expect("transport");
         Rig {
@@ -930,6 +942,39 @@ fn controller_reset(fabric: SoftFabric) {
     });
 }
 
+/// A qpair that never sends a Fabrics Connect, or whose Connect was refused (an unknown
+/// subsystem), is disconnected by the target after its deadline, its slot freed; a
+/// controller's qpairs stay.
+fn unconnected_qpairs_expire(fabric: SoftFabric) {
+    let rig = Rig::build(fabric, |_| {}, |_| {}, Duration::from_millis(300));
+    let (admin, _, mut io) = rig.controller();
+    let mut silent = HostQueue::connect(rig.addr, 0, 32);
+    let mut refused = HostQueue::connect(rig.addr, 0, 32);
+    refused.write_data(
+        0,
+        &ConnectData {
+            hostid: [7; 16],
+            cntlid: CNTLID_DYNAMIC,
+            subnqn: FixedStr::new("nqn.2016-06.io.nvmf-rs:nowhere", "SUBNQN").unwrap(),
+            hostnqn: FixedStr::new(HOSTNQN, "HOSTNQN").unwrap(),
+        }
+        .to_bytes(),
+    );
+    let c = refused
+        .exec(connect_sqe(&refused, 0, 31), &[])
+        .expect("connect answered");
+    assert!(!c.status.is_success(), "{c:?}");
+    silent.wait_disconnected();
+    refused.wait_disconnected();
+    wait_until("the two slots freed", || rig.usage_full().4 == 2);
+    // The controller's queues were connected in time: they stay and work.
+    io.write_data(0, &[0x33; 512]);
+    let c = io.exec(rw(0x01, 3, 1, io.keyed(0, 512)), &[]).unwrap();
+    assert!(c.status.is_success(), "{c:?}");
+    drop(io);
+    drop(admin);
+}
+
 /// Consecutive keyed descriptors of `lens` bytes over the host's data area from `base`, as a
 /// Last Segment list carried in the capsule: (SGL1, the capsule's descriptor bytes).
 fn split_sgl(host: &HostQueue, base: usize, lens: &[u32]) -> (SglDescriptor, Vec<u8>) {
@@ -1199,6 +1244,7 @@ on_both_fabrics! {
     controller_reset_inproc, controller_reset_tcp => controller_reset;
     large_transfers_inproc, large_transfers_tcp => large_transfers;
     narrow_device_inproc, narrow_device_tcp => large_transfers_on_a_narrow_device;
+    unconnected_inproc, unconnected_tcp => unconnected_qpairs_expire;
     slot_reuse_inproc, slot_reuse_tcp => qpair_slot_reused_while_queue_lingers;
     discovery_inproc, discovery_tcp => discovery;
     completions_inproc, completions_tcp => completions_counted;

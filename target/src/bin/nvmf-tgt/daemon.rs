@@ -37,6 +37,10 @@ impl Signals {
         let stop = Arc::new(AtomicBool::new(false));
         let dump = Arc::new(AtomicBool::new(false));
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            // The first asks for the orderly stop; a second, while that stop hangs (a device
+            // that never answers), ends the process at once, exit status 1.
+            signal_hook::flag::register_conditional_shutdown(sig, 1, stop.clone())
+                .context("installing SIGINT/SIGTERM")?;
             signal_hook::flag::register(sig, stop.clone()).context("installing SIGINT/SIGTERM")?;
         }
         signal_hook::flag::register(signal_hook::consts::SIGUSR1, dump.clone())

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -148,13 +149,67 @@ impl Snapshot {
         }
     }
 
-    /// Write as JSON to `path`, atomically (temporary file, then rename).
+    /// Write as JSON to `path`, atomically: a new temporary file of a random name beside it
+    /// (created exclusively, so no file or link someone put there in advance is followed or
+    /// reused), then renamed over it.
     pub fn write_file(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = path.with_extension("tmp");
-        let mut f = std::fs::File::create(&tmp)?;
-        serde_json::to_writer_pretty(&mut f, self).map_err(std::io::Error::other)?;
-        f.write_all(b"\n")?;
-        f.sync_data()?;
-        std::fs::rename(&tmp, path)
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let tmp = tempfile::Builder::new()
+            .prefix(".nvmf-tgt-stats")
+            .tempfile_in(dir)?;
+        let mut out = std::io::BufWriter::new(tmp);
+        serde_json::to_writer_pretty(&mut out, self).map_err(std::io::Error::other)?;
+        out.write_all(b"\n")?;
+        let tmp = out.into_inner().map_err(|e| e.into_error())?;
+        // Readable by monitoring as the file it replaces was (a temporary file is 0600).
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        tmp.as_file().sync_data()?;
+        tmp.persist(path).map(|_| ()).map_err(|e| e.error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn empty() -> Snapshot {
+        Snapshot {
+            sequence: 7,
+            signals: 0,
+            qpairs: 0,
+            recv_slots_held: 0,
+            reactors: Vec::new(),
+            subsystems: BTreeMap::new(),
+        }
+    }
+
+    /// The file is replaced whole, readable by others, and nothing already at a predictable
+    /// temporary name (a link to another file) is followed.
+    #[test]
+    fn the_stats_file_is_replaced_through_a_fresh_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nvmf-tgt.stats");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        for name in ["nvmf-tgt.tmp", "nvmf-tgt.stats.tmp"] {
+            std::os::unix::fs::symlink(&victim, dir.path().join(name)).unwrap();
+        }
+        std::fs::write(&path, b"old").unwrap();
+        empty().write_file(&path).unwrap();
+        let written: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(written["sequence"], 7);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o644);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 4, "no temporary file left: {left:?}");
     }
 }
