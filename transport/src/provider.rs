@@ -190,7 +190,12 @@ pub trait MrOps: Send {
     /// An SGE covering `offset..offset + len` of this region. Panics if out of bounds: a
     /// programming error, never input from the network.
     fn sge(&self, offset: usize, len: u32) -> Sge {
-        assert!(offset + len as usize <= self.len(), "sge out of MR bounds");
+        assert!(
+            offset
+                .checked_add(len as usize)
+                .is_some_and(|end| end <= self.len()),
+            "sge out of MR bounds"
+        );
         Sge {
             addr: self.addr() + offset as u64,
             length: len,

@@ -29,9 +29,25 @@ use crate::types::*;
 
 pub(crate) struct CmChannelInner {
     ch: *mut rdma_event_channel,
+    /// Held from `rdma_get_cm_event` to its ack, and around `rdma_destroy_qp` of a QP of an id
+    /// on this channel: librdmacm uses `id->qp` inside `rdma_get_cm_event` (REJECTED moves it
+    /// to ERR, CONNECT_RESPONSE to RTR/RTS) without a lock, and `rdma_destroy_qp` frees it
+    /// and clears the pointer, also without one. The target reads events on its acceptor
+    /// thread while a reactor destroys the QP.
+    pub(crate) qp_lock: std::sync::Mutex<()>,
 }
 
-// SAFETY: an event channel is an fd plus librdmacm calls that lock internally.
+impl CmChannelInner {
+    /// [`CmChannelInner::qp_lock`], poison or not (it guards no data).
+    pub(crate) fn lock_qps(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.qp_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+// SAFETY: an event channel is an fd plus librdmacm calls that lock internally; what they do
+// not lock (an id's QP) is serialised by `qp_lock`.
 unsafe impl Send for CmChannelInner {}
 // SAFETY: as above.
 unsafe impl Sync for CmChannelInner {}
@@ -53,11 +69,12 @@ pub struct VerbsCmChannel {
 pub(crate) struct CmIdInner {
     pub(crate) id: *mut rdma_cm_id,
     token: AtomicU64,
-    _channel: Arc<CmChannelInner>,
+    pub(crate) channel: Arc<CmChannelInner>,
 }
 
-// SAFETY: a cm id is driven through librdmacm calls, which lock internally; the token is
-// atomic because the channel's reader reads it.
+// SAFETY: a cm id is driven through librdmacm calls, which lock internally, but for its QP
+// pointer, which the channel's `qp_lock` covers (event processing and `rdma_destroy_qp`); the
+// token is atomic because the channel's reader reads it.
 unsafe impl Send for CmIdInner {}
 // SAFETY: as above.
 unsafe impl Sync for CmIdInner {}
@@ -120,7 +137,7 @@ fn adopt(id: *mut rdma_cm_id, channel: &Arc<CmChannelInner>, token: u64) -> Arc<
     let inner = Arc::new(CmIdInner {
         id,
         token: AtomicU64::new(token),
-        _channel: channel.clone(),
+        channel: channel.clone(),
     });
     // SAFETY: `id` is live and ours; `context` is a user field librdmacm only copies around.
     // The inner outlives the id (its Drop destroys the id), so the pointer stays valid for
@@ -246,7 +263,10 @@ impl VerbsCmChannel {
                 source: e,
             });
         }
-        let inner = Arc::new(CmChannelInner { ch });
+        let inner = Arc::new(CmChannelInner {
+            ch,
+            qp_lock: std::sync::Mutex::new(()),
+        });
         // SAFETY: the channel is live; reading its fd number.
         set_nonblocking(unsafe { (*ch).fd }, "fcntl(cm_channel, O_NONBLOCK)")?;
         Ok(VerbsCmChannel { inner })
@@ -286,6 +306,9 @@ impl CmChannelOps<Verbs> for VerbsCmChannel {
 
     fn poll_event(&self) -> Result<Option<CmEvent<Verbs>>> {
         loop {
+            // Until the event is acknowledged: no QP of this channel's ids is destroyed while
+            // librdmacm may be using it for the event.
+            let _qps = self.inner.lock_qps();
             let mut ev: *mut rdma_cm_event = null_mut();
             // SAFETY: the channel is live; `ev` is a valid out pointer.
             let rc = unsafe { rdma_get_cm_event(self.inner.ch, &mut ev) };

@@ -5,7 +5,6 @@
 //! channel fd (O_NONBLOCK) becomes readable; `get_event` reads and acknowledges one event. A
 //! CQ's id is its kernel handle, unique on the device, which is also how async events name it.
 
-use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
@@ -195,27 +194,28 @@ impl CqOps for VerbsCq {
     }
 
     fn poll(&self, out: &mut [WorkCompletion]) -> Result<usize> {
-        let mut buf = [const { MaybeUninit::<ibv_wc>::uninit() }; POLL_BATCH];
+        // Zeroed, not uninitialised: on an error completion providers write only some fields
+        // (mlx5: wr_id, status, vendor_err, qp_num, wc_flags), and `convert` reads the struct.
+        // SAFETY: ibv_wc is plain C data; all-zero is a valid value of it.
+        let mut buf: [ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
         let mut done = 0;
         while done < out.len() {
             let want = (out.len() - done).min(POLL_BATCH);
             // SAFETY: the CQ is live; `buf` has room for `want` <= POLL_BATCH entries.
-            let n = unsafe {
-                ibv_poll_cq(
-                    self.inner.cq,
-                    want as i32,
-                    buf.as_mut_ptr().cast::<ibv_wc>(),
-                )
-            };
+            let n = unsafe { ibv_poll_cq(self.inner.cq, want as i32, buf.as_mut_ptr()) };
             if n < 0 {
+                // What earlier batches took off the CQ is handed over; the error (which a
+                // failed CQ keeps returning) comes with the next call.
+                if done > 0 {
+                    return Ok(done);
+                }
                 // providers return -1 or a negative errno
                 let e = if n < -1 { -n } else { libc::EIO };
                 return Err(TransportError::from_errno("ibv_poll_cq", e));
             }
             let n = n as usize;
             for (slot, wc) in out[done..done + n].iter_mut().zip(&buf[..n]) {
-                // SAFETY: ibv_poll_cq filled the first `n` entries.
-                *slot = wc::convert(unsafe { wc.assume_init_ref() }, self.inner.rxe_inv_flag);
+                *slot = wc::convert(wc, self.inner.rxe_inv_flag);
             }
             done += n;
             if n < want {

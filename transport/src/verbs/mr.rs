@@ -148,7 +148,15 @@ impl Drop for VerbsMr {
         // SAFETY: `mr` is live and deregistered exactly once, before its memory is freed.
         let rc = unsafe { ibv_dereg_mr(self.mr) };
         if rc != 0 {
-            tracing::warn!(rc, "ibv_dereg_mr failed");
+            // Still registered (rxe refuses while windows are bound to it): its keys stay
+            // valid, so a peer may still write the memory. Leak it rather than free it.
+            tracing::error!(
+                rc,
+                len = self.len,
+                "ibv_dereg_mr failed: the region stays registered; its memory is leaked"
+            );
+            std::mem::forget(std::mem::replace(&mut self._backing, Backing::Borrowed));
+            std::mem::forget(self._pd.clone());
         }
     }
 }

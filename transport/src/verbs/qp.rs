@@ -40,9 +40,14 @@ unsafe impl Send for VerbsQp {}
 impl Drop for VerbsQp {
     fn drop(&mut self) {
         match &self.cm {
-            // SAFETY: the id is live (this QP holds an Arc of it) and `id->qp` is this QP;
-            // destroyed exactly once, before its CQs, SRQ, PD and id.
-            Some(id) => unsafe { rdma_destroy_qp(id.id) },
+            Some(id) => {
+                // Not while the channel's reader is inside an event that may use the QP.
+                let _events = id.channel.lock_qps();
+                // SAFETY: the id is live (this QP holds an Arc of it) and `id->qp` is this QP;
+                // destroyed exactly once, before its CQs, SRQ, PD and id, and not while
+                // librdmacm processes an event of its channel (the lock above).
+                unsafe { rdma_destroy_qp(id.id) }
+            }
             None => {
                 // SAFETY: `qp` is live and destroyed exactly once, before its CQs, SRQ and PD;
                 // its async events are acknowledged as they are read.

@@ -65,18 +65,20 @@ pub(crate) fn convert(wc: &ibv_wc, rxe_inv_flag: bool) -> WorkCompletion {
     let ok = wc.status == ibv_wc_status::IBV_WC_SUCCESS;
     let with_imm = ok && flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
     let mut inv_bits = ibv_wc_flags::IBV_WC_WITH_INV.0;
-    if rxe_inv_flag && wc.opcode == ibv_wc_opcode::IBV_WC_RECV {
+    if ok && rxe_inv_flag && wc.opcode == ibv_wc_opcode::IBV_WC_RECV {
         inv_bits |= ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
     }
     let with_inv = ok && flags & inv_bits != 0;
+    // An error completion's opcode, length and source QP are not defined (providers leave
+    // them unwritten): only wr_id, status, vendor_err and qp_num are passed on as read.
     WorkCompletion {
         wr_id: wc.wr_id,
         status: status_from(wc.status),
         opcode: opcode_from(wc.opcode),
         vendor_err: wc.vendor_err,
-        byte_len: wc.byte_len,
+        byte_len: if ok { wc.byte_len } else { 0 },
         qp_num: wc.qp_num,
-        src_qp: wc.src_qp,
+        src_qp: if ok { wc.src_qp } else { 0 },
         imm_data: with_imm.then(|| u32::from_be(raw)),
         invalidated_rkey: with_inv.then_some(raw),
     }
@@ -125,6 +127,30 @@ mod tests {
         // the codes are the verbs numbering 0..=21
         assert_eq!(IBV_WC_REM_ACCESS_ERR, 10);
         assert_eq!(IBV_WC_WR_FLUSH_ERR, 5);
+    }
+
+    /// An error completion's length and source QP are not defined: passed on as 0 whatever
+    /// the buffer held, and rxe's invalidate flag is not read from its undefined opcode.
+    #[test]
+    fn an_error_completion_carries_only_its_defined_fields() {
+        let mut w = wc();
+        w.wr_id = 9;
+        w.qp_num = 0x11;
+        w.status = ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+        w.byte_len = 0xDEAD;
+        w.src_qp = 0xBEEF;
+        w.opcode = ibv_wc_opcode::IBV_WC_RECV;
+        w.wc_flags = ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
+        let c = convert(&w, true);
+        assert_eq!(
+            (c.wr_id, c.qp_num, c.status),
+            (9, 0x11, WcStatus::WrFlushErr)
+        );
+        assert_eq!((c.byte_len, c.src_qp, c.invalidated_rkey), (0, 0, None));
+        w.status = ibv_wc_status::IBV_WC_SUCCESS;
+        let c = convert(&w, true);
+        assert_eq!((c.byte_len, c.src_qp), (0xDEAD, 0xBEEF));
+        assert!(c.invalidated_rkey.is_some());
     }
 
     #[test]

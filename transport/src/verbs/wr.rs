@@ -167,11 +167,14 @@ fn post_error(op: &'static str, queue: &'static str, rc: c_int) -> TransportErro
     }
 }
 
-/// Where `bad` points in a chunk starting at `base`; 0 if it is not in the chunk.
+/// Where `bad` points in a chunk of `len` starting at `base`. A failure that names no WR of
+/// the chunk (NULL: rxe when its doorbell fails after queueing every WR) counts the whole
+/// chunk as posted: its WRs may complete (or flush), and a buffer taken back while the device
+/// may still use it is the worse mistake (the caller drains the qpair on any failure).
 fn bad_index<T>(base: *const T, bad: *const T, len: usize) -> usize {
     let (b, p) = (base as usize, bad as usize);
     let i = p.wrapping_sub(b) / size_of::<T>();
-    if p >= b && i < len { i } else { 0 }
+    if p >= b && i < len { i } else { len }
 }
 
 /// A work request that builds the raw verbs struct it is posted as, linked to `next`.
@@ -463,9 +466,9 @@ mod tests {
         );
         assert_eq!(calls, 2, "nothing after the failed chunk is posted");
 
-        // another errno keeps the op name; a NULL bad pointer blames the chunk's first WR
+        // another errno keeps the op name; a NULL bad pointer counts the chunk as posted
         let err = post_send_chunked(&wrs, "ibv_post_send", |_, _| libc::EINVAL).unwrap_err();
-        assert_eq!(err.failed_index, 0);
+        assert_eq!(err.failed_index, CHUNK);
         assert!(
             err.error.to_string().contains("ibv_post_send"),
             "{}",
