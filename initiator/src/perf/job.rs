@@ -67,6 +67,8 @@ pub struct Job<Q: HostQueue> {
     /// the queue depth, not a per-unit table on big disks).
     in_flight: InFlightUnits,
     next_generation: u64,
+    /// Whose blocks this job writes and reads (the run's stamp, the namespace).
+    owner: verify::Owner,
     /// Queues this job was handed after reconnects (see [`Progress::lost_queue_generation`]).
     queue_generation: u64,
     stopping: bool,
@@ -147,10 +149,21 @@ impl<Q: HostQueue> Job<Q> {
             first_lba,
             blocks_per_io,
             next_generation: 0,
+            owner: verify::Owner {
+                run: verify::Owner::fresh_run(),
+                nsid: ns.nsid,
+            },
             queue_generation: 0,
             stopping: false,
             progress,
         })
+    }
+
+    /// This job as one of a run's, which share `run` as their --verify stamp (a job alone
+    /// has one of its own).
+    pub fn with_run(mut self, run: u64) -> Self {
+        self.owner.run = run;
+        self
     }
 
     /// Commands it keeps in flight at most: the depth asked, capped by its queue's.
@@ -265,11 +278,13 @@ impl<Q: HostQueue> Job<Q> {
             result,
             in_flight,
             generations,
-            ns,
             first_lba,
             spec,
+            owner,
+            stopping,
             ..
         } = self;
+        let (owner, stopping) = (*owner, *stopping);
         // Lazy: read data is copied out of the registered region only to be verified.
         let on_complete = |c: IoCompletion, mut data: ReadData<'_, Q>| {
             // The token names the I/O's slot in `in_flight`.
@@ -286,10 +301,12 @@ impl<Q: HostQueue> Job<Q> {
                         if spec.verify {
                             match data.bytes() {
                                 Ok(data) => {
-                                    if let Err(m) =
-                                        verify::check(data, bs, ns.nsid, lba, generations[unit])
-                                    {
-                                        result.record_mismatch(m);
+                                    match verify::check(data, bs, owner, lba, generations[unit]) {
+                                        Ok(verify::Checked::Content) => result.verified_reads += 1,
+                                        Ok(verify::Checked::Placement) => {
+                                            result.placement_reads += 1
+                                        }
+                                        Err(m) => result.record_mismatch(m),
                                     }
                                 }
                                 Err(e) => result.record_error(format!("Read LBA {lba} data: {e}")),
@@ -299,6 +316,8 @@ impl<Q: HostQueue> Job<Q> {
                         generations[unit] = carried;
                     }
                     match shared_latency.as_deref_mut() {
+                        // After the stop: outside the measured window (its data still checked).
+                        _ if stopping => result.drained += 1,
                         Some(histogram) => {
                             record_latency(histogram, c.latency);
                             result.count(spec.io_size as u64, read);
@@ -352,11 +371,12 @@ impl<Q: HostQueue> Job<Q> {
                     .queue
                     .submit_read(&self.ns, lba, self.blocks_per_io, token),
                 Op::Write if self.spec.verify => {
+                    let owner = self.owner;
                     self.next_generation += 1;
                     generation = self.next_generation;
                     self.queue
                         .submit_write(&self.ns, lba, self.blocks_per_io, token, |slot| {
-                            verify::fill(slot, bs, lba, generation);
+                            verify::fill(slot, bs, owner, lba, generation);
                         })
                 }
                 // Nobody checks what unverified writes carry: no fill, and no copy of the

@@ -32,6 +32,13 @@ pub struct JobResult {
     pub error_messages: Vec<String>,
     /// Verify failures.
     pub verify_failures: u64,
+    /// Reads whose content was checked against what this run last wrote there.
+    pub verified_reads: u64,
+    /// Reads of blocks whose content this run did not know (never written by it, or a write
+    /// whose outcome is unknown): only their placement was checked.
+    pub placement_reads: u64,
+    /// I/O completed after the stop: not in the measured figures.
+    pub drained: u64,
     /// First mismatches.
     pub mismatches: Vec<Mismatch>,
     /// Latency of successful I/O, ns. Jobs stepped by a `JobSet` share one histogram per
@@ -51,6 +58,9 @@ impl JobResult {
             lost: 0,
             error_messages: Vec::new(),
             verify_failures: 0,
+            verified_reads: 0,
+            placement_reads: 0,
+            drained: 0,
             mismatches: Vec::new(),
             // 3 significant digits, auto-resizing: no upper bound to guess.
             latency: latency_histogram(),
@@ -106,6 +116,9 @@ impl JobResult {
         self.errors += other.errors;
         self.lost += other.lost;
         self.verify_failures += other.verify_failures;
+        self.verified_reads += other.verified_reads;
+        self.placement_reads += other.placement_reads;
+        self.drained += other.drained;
         for m in &other.error_messages {
             if self.error_messages.len() < MAX_MISMATCHES {
                 self.error_messages.push(m.clone());
@@ -171,6 +184,12 @@ pub struct Summary {
     pub lost: u64,
     /// Verify failures.
     pub verify_failures: u64,
+    /// Reads checked against what this run wrote (--verify).
+    pub verified_reads: u64,
+    /// Reads of blocks this run had not written: placement checked only (--verify).
+    pub placement_reads: u64,
+    /// I/O completed after the measured window (not counted above).
+    pub drained: u64,
 }
 
 fn summarize(name: String, r: &JobResult, seconds: f64) -> Summary {
@@ -194,6 +213,9 @@ fn summarize(name: String, r: &JobResult, seconds: f64) -> Summary {
         errors: r.errors,
         lost: r.lost,
         verify_failures: r.verify_failures,
+        verified_reads: r.verified_reads,
+        placement_reads: r.placement_reads,
+        drained: r.drained,
     }
 }
 
@@ -325,6 +347,20 @@ impl Report {
             "errors: {}  verify failures: {}  run time: {:.2} s\n",
             self.total.errors, self.total.verify_failures, self.seconds
         ));
+        let t = &self.total;
+        if t.verified_reads + t.placement_reads > 0 {
+            s.push_str(&format!(
+                "verified reads: {} against this run's writes, {} of blocks it had not written \
+                 (placement only)\n",
+                t.verified_reads, t.placement_reads
+            ));
+        }
+        if t.drained > 0 {
+            s.push_str(&format!(
+                "completed after the stop, not counted: {} I/O\n",
+                t.drained
+            ));
+        }
         if !self.host_busy_percent.is_empty() {
             let shares: Vec<String> = self
                 .host_busy_percent
@@ -453,6 +489,8 @@ mod tests {
             expected_generation: 3,
             found_lba: 42,
             found_generation: 2,
+            found_nsid: 1,
+            other_run: false,
             offset: 0,
         });
         j.record_error("Read: connection lost".into());
@@ -460,7 +498,7 @@ mod tests {
         assert!(!r.passed());
         let text = r.to_text();
         assert!(
-            text.contains("LBA 42: expected LBA 42 generation 3, found LBA 42 generation 2"),
+            text.contains("LBA 42: expected LBA 42 generation 3, found nsid 1 LBA 42 generation 2"),
             "{text}"
         );
         assert!(text.contains("error: Read: connection lost"));

@@ -138,6 +138,8 @@ where
     let jobs = plan.len();
     let mut ran_depth = cfg.spec.depth;
     let progress = Arc::new(Progress::default());
+    // One --verify stamp for the run's jobs: a block one of them misplaced is still this run's.
+    let run_stamp = super::verify::Owner::fresh_run();
     let mut per_reactor: Vec<Vec<Job<F::Queue>>> =
         (0..cfg.cores.len().max(1)).map(|_| Vec::new()).collect();
     for (i, (ns, first, blocks)) in plan.into_iter().enumerate() {
@@ -146,7 +148,8 @@ where
             .seed
             .wrapping_add(i as u64)
             .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let job = Job::new(queue, ns, first, blocks, cfg.spec, seed, progress.clone())?;
+        let job = Job::new(queue, ns, first, blocks, cfg.spec, seed, progress.clone())?
+            .with_run(run_stamp);
         ran_depth = ran_depth.min(job.depth());
         // Queue index i (QID i + 1) goes to reactor i % n: `RdmaFabric::spread` placed it in
         // that reactor's host poll group.

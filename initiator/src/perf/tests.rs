@@ -112,8 +112,10 @@ fn run_steps(
 }
 
 /// 500 steps of `job` (a verified 50/50 random mix): both kinds ran, no error, no verify
-/// failure.
+/// failure; every read counted as checked by content or by placement only, the ones after the
+/// stop (the drain) in no figure.
 fn verified_mix_passes(job: Job<crate::loopback::LoopbackQueue>) {
+    let depth = job.depth() as u64;
     let r = run_steps(job, 500);
     assert!(r.reads > 100 && r.writes > 100, "{} {}", r.reads, r.writes);
     assert_eq!(
@@ -122,6 +124,38 @@ fn verified_mix_passes(job: Job<crate::loopback::LoopbackQueue>) {
         "{:?}",
         r.error_messages
     );
+    assert!(r.verified_reads > 0, "no read was checked by its content");
+    let checked = r.verified_reads + r.placement_reads;
+    assert!(
+        checked >= r.reads && checked <= r.reads + r.drained,
+        "{checked} checked, {} reads, {} drained",
+        r.reads,
+        r.drained
+    );
+    assert!(r.drained <= depth, "{} drained at depth {depth}", r.drained);
+}
+
+/// I/O completing after the stop (the drain) is in no figure: the window ended at the stop.
+#[test]
+fn io_completing_after_the_stop_is_not_counted() {
+    let (_, mut c) = controller(1);
+    let mut job = job_of(&mut c, spec(Pattern::RandRw, true));
+    let depth = job.depth() as u64;
+    let mut latency = super::report::latency_histogram();
+    // Reap first, then refill: the job stops with a full queue.
+    for _ in 0..100 {
+        job.step_reap_first(&mut latency, std::time::Instant::now());
+    }
+    let counted = job.result().reads + job.result().writes;
+    let in_histogram = latency.len();
+    job.stop();
+    while !job.is_drained() {
+        job.step();
+    }
+    let r = job.finish().0;
+    assert_eq!(r.reads + r.writes, counted, "drained I/O counted");
+    assert_eq!((r.drained, r.latency.len()), (depth, 0));
+    assert_eq!(latency.len(), in_histogram);
 }
 
 #[test]
@@ -163,7 +197,8 @@ fn corruption_behind_the_hosts_back_is_reported_with_lba() {
         1,
         Arc::new(Progress::default()),
     )
-    .unwrap();
+    .unwrap()
+    .with_run(5);
     // One pass of sequential writes over the 8 units.
     while job.result().writes < 8 {
         job.step();
@@ -184,8 +219,10 @@ fn corruption_behind_the_hosts_back_is_reported_with_lba() {
         1,
         Arc::new(Progress::default()),
     )
-    .unwrap();
-    // The reader is a fresh job: it does not know generations, so only LBAs are checked.
+    .unwrap()
+    .with_run(5);
+    // The reader is a fresh job of the same run: it does not know generations, so only
+    // placement is checked, and a block of this run's at the wrong LBA is found.
     while reader.result().reads < 8 {
         reader.step();
     }

@@ -56,8 +56,10 @@ struct Args {
     /// Namespaces to drive, e.g. "1" or "1,3" (default: every active namespace).
     #[arg(long, value_delimiter = ',')]
     nsid: Vec<u32>,
-    /// Tag every block written with its LBA and a generation; check every block read.
-    /// Without it, writes carry whatever their buffer last held (no fill, no copy per I/O,
+    /// Tag every block written with its LBA, a generation, the run's random stamp and the
+    /// namespace, the rest a pattern of all four; check every block read: against what this
+    /// run last wrote there, or (blocks it has not written) that none is this run's data
+    /// misplaced. The report counts both kinds of read. Without it, writes carry whatever their buffer last held (no fill, no copy per I/O,
     /// as SPDK's perf), so the namespace's contents after a run are undefined.
     #[arg(long)]
     verify: bool,
