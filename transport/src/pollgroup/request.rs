@@ -739,19 +739,28 @@ impl<R> PollGroup<R> {
     /// Every request alive on `qref` (which is going): marked aborted, taken out of the
     /// FIFOs, reported. They are freed by `finish`, or here when `finish` came already.
     pub(crate) fn abort_requests<H: Handler<R>>(&mut self, h: &mut H, qref: QpRef) {
-        let ids: Vec<u32> = self
+        // With their generations: a handler's `aborted` may finish another of them, whose
+        // slot may then hold a new request by the time the loop comes to it.
+        let ids: Vec<(u32, u32)> = self
             .reqs
             .iter()
             .filter(|(_, r)| r.qpair == qref && !r.aborted)
-            .map(|(i, _)| i as u32)
+            .map(|(i, _)| (i as u32, self.req_generation[i]))
             .collect();
         if let Some(q) = live_mut(&mut self.qpairs, qref) {
             // The qpair's FIFOs go with it: their links are free for the requests' next lives.
             q.to_post.clear(&mut self.req_links);
         }
         self.clear_silent(qref);
-        for index in ids {
-            let r = &mut self.reqs[index as usize];
+        for (index, generation) in ids {
+            let live = self.req_generation.get(index as usize) == Some(&generation);
+            let Some(r) = self
+                .reqs
+                .get_mut(index as usize)
+                .filter(|r| live && !r.aborted)
+            else {
+                continue;
+            };
             r.aborted = true;
             let finishing = r.finishing;
             if r.state == RequestState::WaitingBuffers {
