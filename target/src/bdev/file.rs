@@ -25,7 +25,9 @@
 //! This is the one module of the crate allowed `unsafe`: pushing an SQE hands raw addresses to
 //! the kernel. What makes it sound is the lending contract of [`IoBuf`] (the memory stays alive
 //! and untouched until the tag is reaped), the channel's own buffers living in its slots until
-//! their SQEs complete, and `Drop` waiting for every in-flight SQE.
+//! their SQEs complete, and `Drop` waiting for every in-flight SQE (if the kernel refuses that
+//! wait for good, the slots and zero buffer are leaked, not freed; the lent buffers are the
+//! lender's, which then outlive nothing the kernel may still write only if it leaks too).
 #![allow(unsafe_code)]
 
 use std::fs::{File, OpenOptions};
@@ -199,23 +201,33 @@ impl IoVecs {
         count: 0,
     };
 
-    /// The first `len` bytes of `data`; None if it has more than MAX_SEGMENTS segments.
-    fn from_buf(data: &mut IoBuf<'_, '_>, mut len: usize) -> Option<IoVecs> {
-        let mut v = IoVecs::EMPTY;
+    /// Becomes the first `len` bytes of `data`, in place (only the entries used are written:
+    /// the list is 32 entries, most I/O uses one); false if they span more than MAX_SEGMENTS
+    /// segments.
+    fn set_from(&mut self, data: &mut IoBuf<'_, '_>, mut len: usize) -> bool {
+        self.count = 0;
         for seg in data.segments_mut() {
             if len == 0 {
                 break;
             }
             let n = seg.len().min(len);
-            let slot = v.vecs.get_mut(v.count)?;
+            let Some(slot) = self.vecs.get_mut(self.count) else {
+                return false;
+            };
             *slot = libc::iovec {
                 iov_base: seg.as_mut_ptr().cast(),
                 iov_len: n,
             };
-            v.count += 1;
+            self.count += 1;
             len -= n;
         }
-        Some(v)
+        true
+    }
+
+    /// Becomes a copy of `other`'s entries in use.
+    fn copy_used(&mut self, other: &IoVecs) {
+        self.vecs[..other.count].copy_from_slice(&other.vecs[..other.count]);
+        self.count = other.count;
     }
 
     fn aligned(&self, align: usize) -> bool {
@@ -391,7 +403,7 @@ impl FileChannel {
         // segments by the IoBuf lending contract, slot-owned iovec lists and scratch buffers
         // because a slot is boxed (never moves) and is not reused or dropped before its last
         // SQE completes, the zero buffer because it lives as long as the channel, and Drop
-        // waits for every SQE.
+        // waits for every SQE (or leaks the slots and the zero buffer when it cannot).
         let pushed = unsafe { self.ring.submission().push(&entry) };
         if pushed.is_err() {
             self.ring
@@ -482,18 +494,17 @@ impl FileChannel {
             Ok(b) => b,
             Err(s) => return Submitted::Done(s),
         };
-        let Some(host) = IoVecs::from_buf(data, bytes) else {
-            return Submitted::Done(IoStatus::Failed(libc::EINVAL));
-        };
-        let bounce = self.direct && !host.aligned(self.info.block_size as usize);
-        let kind = if bounce && !write {
-            SlotKind::BouncedRead
-        } else {
-            SlotKind::Plain
-        };
-        let index = self.take_slot(tag, kind);
+        // The host list is written in the slot itself (no list copied per I/O).
+        let index = self.take_slot(tag, SlotKind::Plain);
         let s = &mut self.slots[index as usize];
-        s.host = host;
+        if !s.host.set_from(data, bytes) {
+            self.release_slot(index);
+            return Submitted::Done(IoStatus::Failed(libc::EINVAL));
+        }
+        let bounce = self.direct && !s.host.aligned(self.info.block_size as usize);
+        if bounce && !write {
+            s.kind = SlotKind::BouncedRead;
+        }
         s.expect_bytes = bytes;
         if bounce {
             let b = AlignedBuf::reuse(&mut s.scratch, bytes);
@@ -502,7 +513,8 @@ impl FileChannel {
             }
             self.submit_scratch(index, bytes);
         } else {
-            s.submit = host;
+            let Slot { host, submit, .. } = &mut **s;
+            submit.copy_used(host);
         }
         let flags = if fua { libc::RWF_DSYNC } else { 0 };
         self.push_rw(index, write, self.byte_offset(lba), flags);

@@ -31,9 +31,9 @@ const ONCS: u16 = (1 << 0) | (1 << 2) | (1 << 3) | (1 << 4);
 /// CTRATT: the 128-bit Host Identifier (HIDS, bit 0), the only one a fabrics host has.
 const CTRATT_HOST_ID_128: u32 = 1 << 0;
 /// Asynchronous Event Configuration an I/O controller takes: the SMART / Health critical
-/// warnings (7:0, mandatory) and the Namespace Attribute notices it raises (OAES). A discovery
-/// controller raises none.
-const AEC_SUPPORTED: u32 = 0xFF | OAES_NS_ATTRIBUTE;
+/// warnings (4:0, mandatory; 7:5 reserved here, as nvmet's mask) and the Namespace Attribute
+/// notices it raises (OAES). A discovery controller raises none.
+const AEC_SUPPORTED: u32 = 0x1F | OAES_NS_ATTRIBUTE;
 /// VWC: present (bit 0), Flush with NSID FFFFFFFFh not supported (bits 2:1 = 10b).
 const VWC: u8 = 0x05;
 /// OAES: Namespace Attribute Notices.
@@ -78,7 +78,8 @@ impl Queue {
         // Of the commands served only Identify, Get Log Page and Get Features of the Host
         // Identifier move data (checked there): a buffer with any other would go back to the
         // host unwritten. Set and Get Features check theirs once the feature is known (an
-        // unsupported one is Invalid Field with any buffer, as nvmet answers).
+        // unsupported one is Invalid Field with any buffer, as the spec says; nvmet checks the
+        // length first).
         let moves_nothing = matches!(
             op,
             AdminOpcode::KeepAlive | AdminOpcode::AsyncEventRequest | AdminOpcode::Abort

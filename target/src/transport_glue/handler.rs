@@ -50,8 +50,10 @@ const RESPONSE_SIZE: usize = 16;
 const DISCONNECT_GRACE: Duration = Duration::from_secs(1);
 /// How long a connected qpair may go without a successful Fabrics Connect before the target
 /// disconnects it: a host that connects and never sends one (or whose Connect was refused,
-/// e.g. not on the allow-list) held its qpair and poll-group slot for good.
-pub const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+/// e.g. not on the allow-list) held its qpair and poll-group slot for good. Generous: Linux
+/// opens every I/O qpair of a controller before it connects them, and on a reconnect may wait
+/// up to its I/O timeout (30 s) before connecting queues it adds.
+pub const CONNECT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// `by_qpair` entry of a qpair slot with no queue.
 const NO_QUEUE: usize = usize::MAX;
@@ -644,9 +646,6 @@ impl NvmeHandler {
         true
     }
 
-    /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
-    /// down, after [`DISCONNECT_GRACE`] when the host sent Disconnect.
-    #[inline]
     /// Disconnects the qpairs still without a controller past their deadline (the clock read
     /// only while some queue is unbound).
     fn expire_unbound(&mut self) {
@@ -670,6 +669,9 @@ impl NvmeHandler {
         }
     }
 
+    /// Disconnects `qp_num` when its queue says so: at once when its controller was torn
+    /// down, after [`DISCONNECT_GRACE`] when the host sent Disconnect.
+    #[inline]
     fn check_disconnect(&mut self, key: usize) {
         let Some(slot) = self.queues.get_mut(key) else {
             return;

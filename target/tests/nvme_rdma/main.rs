@@ -946,7 +946,8 @@ fn controller_reset(fabric: SoftFabric) {
 /// subsystem), is disconnected by the target after its deadline, its slot freed; a
 /// controller's qpairs stay.
 fn unconnected_qpairs_expire(fabric: SoftFabric) {
-    let rig = Rig::build(fabric, |_| {}, |_| {}, Duration::from_millis(300));
+    // Long enough for the rig's own controller to connect its queues on a loaded machine.
+    let rig = Rig::build(fabric, |_| {}, |_| {}, Duration::from_millis(1500));
     let (admin, _, mut io) = rig.controller();
     let mut silent = HostQueue::connect(rig.addr, 0, 32);
     let mut refused = HostQueue::connect(rig.addr, 0, 32);

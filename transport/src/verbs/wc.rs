@@ -58,35 +58,63 @@ pub(crate) fn opcode_from(o: ibv_wc_opcode::Type) -> WcOpcode {
 /// (1 << 2) into user completions, where libibverbs reads it as IBV_WC_IP_CSUM_OK; on an RC
 /// receive (all this crate makes) rxe sets that bit for nothing else, so it means an
 /// invalidated rkey there.
-pub(crate) fn convert(wc: &ibv_wc, rxe_inv_flag: bool) -> WorkCompletion {
-    // SAFETY: both union members are u32: any bit pattern is valid for either.
-    let raw = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
-    let flags = wc.wc_flags;
-    let ok = wc.status == ibv_wc_status::IBV_WC_SUCCESS;
-    let with_imm = ok && flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+///
+/// Only the fields a provider writes are read: wr_id, status, vendor_err and qp_num always;
+/// opcode, byte_len, wc_flags and the immediate / invalidated-rkey union on success only (an
+/// error completion's are undefined: mlx5 leaves them unwritten). An error completion goes on
+/// with opcode Send and length 0; src_qp (UD only) is 0: every QP here is RC.
+///
+/// # Safety
+/// `wc` points at an `ibv_wc` that `ibv_poll_cq` filled (the fields above written).
+pub(crate) unsafe fn convert(wc: *const ibv_wc, rxe_inv_flag: bool) -> WorkCompletion {
+    // Reads go through the raw pointer, field by field, never through a reference to the
+    // partly written struct.
+    // SAFETY: per the function contract these four are written for every completion.
+    let (wr_id, status, vendor_err, qp_num) =
+        unsafe { ((*wc).wr_id, (*wc).status, (*wc).vendor_err, (*wc).qp_num) };
+    let mut c = WorkCompletion {
+        wr_id,
+        status: status_from(status),
+        opcode: WcOpcode::Send,
+        vendor_err,
+        byte_len: 0,
+        qp_num,
+        src_qp: 0,
+        imm_data: None,
+        invalidated_rkey: None,
+    };
+    if status != ibv_wc_status::IBV_WC_SUCCESS {
+        return c;
+    }
+    // SAFETY: a successful completion's opcode, length, flags and union are written (both
+    // union members are u32: any bit pattern is valid for either).
+    let (opcode, byte_len, flags, raw) = unsafe {
+        (
+            (*wc).opcode,
+            (*wc).byte_len,
+            (*wc).wc_flags,
+            (*wc).imm_data_invalidated_rkey_union.imm_data,
+        )
+    };
     let mut inv_bits = ibv_wc_flags::IBV_WC_WITH_INV.0;
-    if ok && rxe_inv_flag && wc.opcode == ibv_wc_opcode::IBV_WC_RECV {
+    if rxe_inv_flag && opcode == ibv_wc_opcode::IBV_WC_RECV {
         inv_bits |= ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
     }
-    let with_inv = ok && flags & inv_bits != 0;
-    // An error completion's opcode, length and source QP are not defined (providers leave
-    // them unwritten): only wr_id, status, vendor_err and qp_num are passed on as read.
-    WorkCompletion {
-        wr_id: wc.wr_id,
-        status: status_from(wc.status),
-        opcode: opcode_from(wc.opcode),
-        vendor_err: wc.vendor_err,
-        byte_len: if ok { wc.byte_len } else { 0 },
-        qp_num: wc.qp_num,
-        src_qp: if ok { wc.src_qp } else { 0 },
-        imm_data: with_imm.then(|| u32::from_be(raw)),
-        invalidated_rkey: with_inv.then_some(raw),
-    }
+    c.opcode = opcode_from(opcode);
+    c.byte_len = byte_len;
+    c.imm_data = (flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0).then(|| u32::from_be(raw));
+    c.invalidated_rkey = (flags & inv_bits != 0).then_some(raw);
+    c
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn unsafe_convert(w: &ibv_wc, rxe: bool) -> WorkCompletion {
+        // SAFETY: a whole, initialised ibv_wc.
+        unsafe { convert(w, rxe) }
+    }
 
     fn wc() -> ibv_wc {
         // SAFETY: ibv_wc is plain C data; all-zero is valid.
@@ -129,8 +157,9 @@ mod tests {
         assert_eq!(IBV_WC_WR_FLUSH_ERR, 5);
     }
 
-    /// An error completion's length and source QP are not defined: passed on as 0 whatever
-    /// the buffer held, and rxe's invalidate flag is not read from its undefined opcode.
+    /// An error completion's opcode, length and flags are not defined: not read (Send, 0),
+    /// whatever the buffer held, and rxe's invalidate flag not taken from them. src_qp (UD
+    /// only) is never read.
     #[test]
     fn an_error_completion_carries_only_its_defined_fields() {
         let mut w = wc();
@@ -141,15 +170,21 @@ mod tests {
         w.src_qp = 0xBEEF;
         w.opcode = ibv_wc_opcode::IBV_WC_RECV;
         w.wc_flags = ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
-        let c = convert(&w, true);
+        let c = unsafe_convert(&w, true);
         assert_eq!(
             (c.wr_id, c.qp_num, c.status),
             (9, 0x11, WcStatus::WrFlushErr)
         );
-        assert_eq!((c.byte_len, c.src_qp, c.invalidated_rkey), (0, 0, None));
+        assert_eq!(
+            (c.opcode, c.byte_len, c.src_qp, c.invalidated_rkey),
+            (WcOpcode::Send, 0, 0, None)
+        );
         w.status = ibv_wc_status::IBV_WC_SUCCESS;
-        let c = convert(&w, true);
-        assert_eq!((c.byte_len, c.src_qp), (0xDEAD, 0xBEEF));
+        let c = unsafe_convert(&w, true);
+        assert_eq!(
+            (c.opcode, c.byte_len, c.src_qp),
+            (WcOpcode::Recv, 0xDEAD, 0)
+        );
         assert!(c.invalidated_rkey.is_some());
     }
 
@@ -181,11 +216,11 @@ mod tests {
         w.src_qp = 0x22;
         w.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
         w.imm_data_invalidated_rkey_union.imm_data = 0xdead_beefu32.to_be();
-        let c = convert(&w, false);
+        let c = unsafe_convert(&w, false);
         assert_eq!(c.wr_id, u64::MAX - 1);
         assert_eq!(c.status, WcStatus::Success);
         assert_eq!(c.opcode, WcOpcode::Recv);
-        assert_eq!((c.byte_len, c.qp_num, c.src_qp), (4096, 0x11, 0x22));
+        assert_eq!((c.byte_len, c.qp_num, c.src_qp), (4096, 0x11, 0));
         assert_eq!(c.imm_data, Some(0xdead_beef));
         assert_eq!(c.invalidated_rkey, None);
     }
@@ -196,7 +231,7 @@ mod tests {
         w.opcode = ibv_wc_opcode::IBV_WC_RECV;
         w.wc_flags = ibv_wc_flags::IBV_WC_WITH_INV.0;
         w.imm_data_invalidated_rkey_union.invalidated_rkey = 0x1234;
-        let c = convert(&w, false);
+        let c = unsafe_convert(&w, false);
         assert_eq!(c.invalidated_rkey, Some(0x1234));
         assert_eq!(c.imm_data, None);
     }
@@ -209,7 +244,7 @@ mod tests {
         w.opcode = 0x5555; // undefined on error
         w.wc_flags = ibv_wc_flags::IBV_WC_WITH_IMM.0;
         w.vendor_err = 0x81;
-        let c = convert(&w, false);
+        let c = unsafe_convert(&w, false);
         assert_eq!(c.status, WcStatus::WrFlushErr);
         assert_eq!(c.vendor_err, 0x81);
         assert_eq!(c.imm_data, None);

@@ -167,14 +167,12 @@ fn post_error(op: &'static str, queue: &'static str, rc: c_int) -> TransportErro
     }
 }
 
-/// Where `bad` points in a chunk of `len` starting at `base`. A failure that names no WR of
-/// the chunk (NULL: rxe when its doorbell fails after queueing every WR) counts the whole
-/// chunk as posted: its WRs may complete (or flush), and a buffer taken back while the device
-/// may still use it is the worse mistake (the caller drains the qpair on any failure).
-fn bad_index<T>(base: *const T, bad: *const T, len: usize) -> usize {
+/// Where `bad` points in a chunk of `len` starting at `base`; a failure naming no WR of the
+/// chunk counts as `unnamed` of them posted (see [`RawWr::UNNAMED_FAILURE_POSTED`]).
+fn bad_index<T>(base: *const T, bad: *const T, len: usize, unnamed: usize) -> usize {
     let (b, p) = (base as usize, bad as usize);
     let i = p.wrapping_sub(b) / size_of::<T>();
-    if p >= b && i < len { i } else { len }
+    if p >= b && i < len { i } else { unnamed }
 }
 
 /// A work request that builds the raw verbs struct it is posted as, linked to `next`.
@@ -182,12 +180,19 @@ pub(crate) trait RawWr {
     type Raw;
     /// "send" or "receive", for error messages.
     const QUEUE: &'static str;
+    /// A failed post that names no WR (NULL `bad_wr`) queued them all: rxe's send side, whose
+    /// doorbell fails after queueing every WR (they complete or flush; the caller drains the
+    /// qpair, and a buffer taken back while the device may still use it is the worse mistake).
+    /// rxe's receive side names none only when it queued nothing (bad arguments, a QP in
+    /// RESET): counting those posted would lose them for good.
+    const UNNAMED_FAILURE_POSTED: bool;
     fn build(&self, next: *mut Self::Raw) -> Self::Raw;
 }
 
 impl RawWr for SendWr<'_> {
     type Raw = ibv_send_wr;
     const QUEUE: &'static str = "send";
+    const UNNAMED_FAILURE_POSTED: bool = true;
     fn build(&self, next: *mut ibv_send_wr) -> ibv_send_wr {
         build_send(self, next)
     }
@@ -196,6 +201,7 @@ impl RawWr for SendWr<'_> {
 impl RawWr for RecvWr<'_> {
     type Raw = ibv_recv_wr;
     const QUEUE: &'static str = "receive";
+    const UNNAMED_FAILURE_POSTED: bool = false;
     fn build(&self, next: *mut ibv_recv_wr) -> ibv_recv_wr {
         build_recv(self, next)
     }
@@ -224,7 +230,12 @@ pub(crate) fn post_chunked<W: RawWr>(
         let mut bad = null_mut();
         let rc = post(base, &mut bad);
         if rc != 0 {
-            let failed_index = c * CHUNK + bad_index(base, bad, chunk.len());
+            let unnamed = if W::UNNAMED_FAILURE_POSTED {
+                chunk.len()
+            } else {
+                0
+            };
+            let failed_index = c * CHUNK + bad_index(base, bad, chunk.len(), unnamed);
             return Err(PostError {
                 failed_index,
                 error: post_error(op, W::QUEUE, rc),
@@ -511,6 +522,9 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.failed_index, 1);
         assert!(matches!(err.error, TransportError::QueueFull("receive")));
+        // a receive failure naming no WR queued none of them
+        let err = post_recv_chunked(&wrs, "ibv_post_srq_recv", |_, _| libc::EINVAL).unwrap_err();
+        assert_eq!(err.failed_index, 0);
     }
 
     #[test]
