@@ -234,6 +234,22 @@ impl Host {
         (q, c.dw0 as u16)
     }
 
+    /// A discovery controller's admin queue, connected and enabled.
+    fn discovery(&mut self) -> Queue {
+        let mut q = self.queue();
+        let c = self.connect(
+            &mut q,
+            0,
+            31,
+            CNTLID_DYNAMIC,
+            nvmf_protocol::DISCOVERY_NQN,
+            HOST,
+        );
+        assert!(c.status.is_success(), "{c:?}");
+        assert!(self.set_cc(&mut q, Cc::enabled_nvm()).status.is_success());
+        q
+    }
+
     fn io_queue(&mut self, qid: u16, cntlid: u16) -> Queue {
         let mut q = self.queue();
         let c = self.connect(&mut q, qid, 127, cntlid, SUBNQN, HOST);
@@ -1149,21 +1165,7 @@ fn discovery_lists_what_the_host_may_see() {
         )));
     }
     let mut h = Host::new(Arc::new(t));
-    let mut q = h.queue();
-    let c = h.connect(
-        &mut q,
-        0,
-        31,
-        CNTLID_DYNAMIC,
-        nvmf_protocol::DISCOVERY_NQN,
-        HOST,
-    );
-    assert!(c.status.is_success());
-    let cc = Cc {
-        en: true,
-        ..Cc::default()
-    };
-    h.prop_set(&mut q, PropertyOffset::Cc, u64::from(cc.to_u32()));
+    let mut q = h.discovery();
     let mut page = vec![0u8; 4096];
     assert!(
         h.exec(&mut q, admin_cmd(0x06, 0, 1, 0), &mut page)
@@ -2083,17 +2085,7 @@ fn features_refuse_what_they_do_not_serve() {
 #[test]
 fn discovery_features() {
     let mut h = Host::new(target(true));
-    let mut q = h.queue();
-    let c = h.connect(
-        &mut q,
-        0,
-        31,
-        CNTLID_DYNAMIC,
-        nvmf_protocol::DISCOVERY_NQN,
-        HOST,
-    );
-    assert!(c.status.is_success(), "{c:?}");
-    assert!(h.set_cc(&mut q, Cc::enabled_nvm()).status.is_success());
+    let mut q = h.discovery();
     for (fid, sel) in [(0x01, 0), (0x01, 3), (0x07, 3), (0x06, 0)] {
         assert_eq!(
             generic(&h.exec(&mut q, admin_cmd(0x0A, 0, fid | (sel << 8), 0), &mut [])),
