@@ -1,4 +1,4 @@
-//! Typed errors of the transport layer.
+//! Typed errors of the transport layer, and [`one_line`], how the binaries print any error.
 
 use std::net::SocketAddr;
 
@@ -108,4 +108,55 @@ pub struct PostError {
     pub failed_index: usize,
     #[source]
     pub error: TransportError,
+}
+
+/// An error and its causes as one line, a cause left out when the text before it already
+/// holds it: this workspace's errors name their source in their own message as well as
+/// returning it from `source()` (a log line of the error alone says everything), so a plain
+/// walk of the chain said the OS error twice. The binaries' last word on a failure.
+pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = String::new();
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod one_line_tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_its_parent_names_is_said_once() {
+        let os = std::io::Error::from_raw_os_error(19);
+        let os_text = os.to_string();
+        let e = TransportError::Os {
+            op: "rdma_create_event_channel",
+            source: os,
+        };
+        let line = one_line(&e);
+        assert_eq!(line.matches(&os_text).count(), 1, "{line}");
+        assert!(
+            line.starts_with("rdma_create_event_channel failed: "),
+            "{line}"
+        );
+    }
+
+    /// A parent that does not name its cause (anyhow's context) is followed by it.
+    #[test]
+    fn causes_not_named_are_joined() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("write /x/y")]
+        struct Context(#[source] std::io::Error);
+        let e = Context(std::io::Error::other("No such file or directory"));
+        assert_eq!(one_line(&e), "write /x/y: No such file or directory");
+    }
 }

@@ -33,7 +33,7 @@ pub mod verbs;
 pub use async_hub::{AsyncHub, AsyncListener, AsyncRoute, AsyncSink};
 pub use cm::{CmChannel, CmEvent, CmId};
 pub use device::{CompChannel, Context, Cq, DeviceSpec, Mr, Mw, Pd, Qp, QpInitAttr, Srq, devices};
-pub use error::{PostError, Result, TransportError};
+pub use error::{PostError, Result, TransportError, one_line};
 pub use mapped::MappedMemory;
 pub use provider::OwnedMemory;
 pub use types::*;

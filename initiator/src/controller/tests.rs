@@ -266,6 +266,18 @@ fn discovery_controller_lists_subsystems() {
     assert_eq!(log.entries[1].trsvcid.as_str(), "4421");
 }
 
+/// The discovery log as the host reads it from a discovery controller listing `entries`
+/// subsystems, whose log moves before the reads numbered in `changes_at`.
+fn discovery_log_of(
+    entries: usize,
+    changes_at: Vec<u32>,
+) -> Result<nvmf_protocol::log::DiscoveryLog> {
+    let (_, c, _) = attach(discovery_config(entries, changes_at), |o| {
+        o.subnqn = DISCOVERY_NQN.into()
+    });
+    c.unwrap().discovery_log()
+}
+
 /// A discovery controller's config listing `entries` subsystems.
 fn discovery_config(entries: usize, changes_at: Vec<u32>) -> LoopbackConfig {
     LoopbackConfig {
@@ -287,10 +299,7 @@ fn discovery_config(entries: usize, changes_at: Vec<u32>) -> LoopbackConfig {
 fn discovery_log_changing_while_read_is_read_again_until_stable() {
     // Before the whole log's first piece (read 2) and before the next header (read 3): the
     // whole log disagrees with its header, then the next try's header is newer again.
-    let (_, c, _) = attach(discovery_config(2, vec![2, 4]), |o| {
-        o.subnqn = DISCOVERY_NQN.into()
-    });
-    let log = c.unwrap().discovery_log().unwrap();
+    let log = discovery_log_of(2, vec![2, 4]).unwrap();
     assert_eq!(log.genctr, 9);
     assert_eq!(log.entries.len(), 4);
     assert_eq!(
@@ -303,29 +312,20 @@ fn discovery_log_changing_while_read_is_read_again_until_stable() {
 fn discovery_log_changing_between_pieces_is_read_again() {
     // Six records are two 4 KiB pieces: the change lands before the second (read 3), so the
     // whole log's header agrees with the first and only the header read after it tells.
-    let (_, c, _) = attach(discovery_config(6, vec![3]), |o| {
-        o.subnqn = DISCOVERY_NQN.into()
-    });
-    let log = c.unwrap().discovery_log().unwrap();
+    let log = discovery_log_of(6, vec![3]).unwrap();
     assert_eq!(log.genctr, 8);
     assert_eq!(log.entries.len(), 7);
 }
 
 #[test]
 fn discovery_log_that_never_settles_is_an_error() {
-    let (_, c, _) = attach(discovery_config(1, (2..100).collect()), |o| {
-        o.subnqn = DISCOVERY_NQN.into()
-    });
-    let e = c.unwrap().discovery_log().unwrap_err();
+    let e = discovery_log_of(1, (2..100).collect()).unwrap_err();
     assert!(e.to_string().contains("changed on each of 10 reads"), "{e}");
 }
 
 #[test]
 fn discovery_log_with_more_than_1024_records_is_read_whole() {
-    let (_, c, _) = attach(discovery_config(1100, Vec::new()), |o| {
-        o.subnqn = DISCOVERY_NQN.into()
-    });
-    let log = c.unwrap().discovery_log().unwrap();
+    let log = discovery_log_of(1100, Vec::new()).unwrap();
     assert_eq!(log.entries.len(), 1100);
     assert_eq!(
         log.entries[1099].subnqn.as_str(),

@@ -73,24 +73,8 @@ fn main() -> ExitCode {
     match daemon::run(&config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{}", chain_once(&e));
+            tracing::error!("{}", nvmf_transport::one_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }
-}
-
-/// The error and its causes as one line, each cause once: library errors put their source in
-/// their own message as well (thiserror's `{source}`), so anyhow's `{:#}` said it twice.
-fn chain_once(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&text);
-        }
-    }
-    line
 }
