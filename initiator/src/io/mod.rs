@@ -315,10 +315,11 @@ impl<Q: HostQueue> IoQueue<Q> {
 
     /// Tear the connection down; every in-flight command fails at the next poll.
     pub fn disconnect(&mut self, why: &str) {
-        self.queue.disconnect();
         self.connection_lost(why.to_string());
     }
 
+    /// The connection is gone or given up: the transport queue is disconnected (once) and
+    /// every command in flight fails.
     fn connection_lost(&mut self, why: String) {
         if self.lost.is_none() {
             tracing::warn!(qid = self.queue.qid(), reason = %why, "I/O queue lost its connection");
@@ -800,8 +801,8 @@ impl<Q: HostQueue> IoQueue<Q> {
                 .is_some_and(|p| now.saturating_duration_since(p.submitted) >= limit)
         });
         if expired {
-            // A CID the controller may still answer cannot be reused: give the connection up.
-            self.queue.disconnect();
+            // A CID the controller may still answer cannot be reused: give the connection up
+            // (`connection_lost` disconnects the queue).
             self.connection_lost(format!("I/O command timed out after {limit:?}"));
         }
     }
